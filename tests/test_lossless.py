@@ -1,0 +1,77 @@
+"""Token Recycling output equals transformers' greedy `generate`, token for token, in float32.
+
+Covered per architecture: prompts shorter and longer than the sliding window, budgets of 1 to 60
+tokens, EOS hit mid-generation, a warm matrix carried across prompts and an empty one, and a
+second turn continuing from the KV cache of the first.
+"""
+
+import pytest
+import torch
+
+from tiny_models import ARCHITECTURES, EOS, VOCAB, tiny_model
+from tr_cli.core import StopCondition, TokenRecyclingDecoder
+
+
+def reference(model, ids: list[int], max_new_tokens: int, eos: int = EOS) -> list[int]:
+    prompt = torch.tensor([ids])
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, VOCAB, (length,), generator=g).tolist()
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def model(request):
+    return tiny_model(request.param)
+
+
+CASES = [(5, 1), (9, 7), (20, 40), (33, 60)]  # (prompt length, max_new_tokens); window is 12
+
+
+def test_warm_matrix_matches_generate(model):
+    decoder = TokenRecyclingDecoder(model)  # one decoder: the matrix carries over prompts
+    accepted = 0
+    for seed, (length, budget) in enumerate(CASES):
+        ids = random_prompt(length, seed)
+        decoder.reset()
+        result = decoder.generate(ids, StopCondition.build(budget, [EOS]))
+        assert result.tokens == reference(model, ids, budget)
+        assert len(result.tokens) <= budget
+        accepted += result.stats.step_tokens - result.stats.steps
+    assert accepted > 0, "drafts were never accepted: the tree path was not exercised"
+
+
+def test_empty_matrix_matches_generate(model):
+    for seed, (length, budget) in enumerate(CASES):
+        ids = random_prompt(length, 100 + seed)
+        decoder = TokenRecyclingDecoder(model, seed_from_prompt=False)
+        assert not decoder.matrix.any()
+        assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
+
+
+def test_stops_at_eos_like_generate(model):
+    ids = random_prompt(25, 7)
+    free = reference(model, ids, 40)
+    # An EOS whose first occurrence is as late as possible, so generation stops inside a step.
+    position = max(i for i in range(len(free)) if free[i] not in free[:i])
+    assert position >= 3
+    eos = free[position]
+    decoder = TokenRecyclingDecoder(model)
+    result = decoder.generate(ids, StopCondition.build(40, [eos]))
+    assert result.tokens == reference(model, ids, 40, eos=eos) == free[: position + 1]
+    assert result.stats.finish_reason == "eos"
+
+
+def test_second_turn_continues_from_cache(model):
+    first, second = random_prompt(15, 11), random_prompt(6, 12)
+    decoder = TokenRecyclingDecoder(model)
+    reply = decoder.generate(first, StopCondition.build(30, [EOS])).tokens
+    cached = decoder.cached_length
+    assert cached == len(first) + len(reply) - 1  # the last reply token is pending, not yet cached
+    continued = decoder.generate(second, StopCondition.build(25, [EOS])).tokens
+    assert continued == reference(model, first + reply + second, 25)
+    assert decoder.tokens == first + reply + second + continued

@@ -1,0 +1,72 @@
+"""Tiny random-weight models of several architectures, built from configs (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+VOCAB = 320
+EOS = 3
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+              max_position_embeddings=1024, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
+
+# Sliding windows are far smaller than prompt + generation, so masking bugs show up.
+WINDOW = 12
+
+
+def _build(name: str):
+    if name == "llama":
+        return LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, **COMMON))
+    if name == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, **COMMON))
+    if name == "qwen2-swa":  # full and sliding layers mixed: masks go in as a dict per layer type
+        return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
+                                            max_window_layers=1, **COMMON))
+    if name == "mistral":  # every layer sliding: one 4D mask that itself applies the window
+        return MistralForCausalLM(MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, **COMMON))
+    if name == "gemma2":
+        return Gemma2ForCausalLM(Gemma2Config(num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, **COMMON))
+    if name == "gemma3":
+        return Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=3, head_dim=16, sliding_window=WINDOW,
+                                                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                                                  **COMMON))
+    if name == "gpt2":
+        return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=1024,
+                                          eos_token_id=EOS, bos_token_id=1))
+    raise ValueError(name)
+
+
+ARCHITECTURES = ["llama", "qwen2", "qwen2-swa", "mistral", "gemma2", "gemma3", "gpt2"]
+
+
+# Weight std (embeddings, other matrices). Default inits give near-flat logits, and the models then
+# repeat one token forever; these give varied text with some repetition, so drafts are sometimes
+# right and often wrong. Gemma scales embeddings by sqrt(hidden), hence its smaller embedding std.
+_INIT_STD = {"gemma2": (0.01, 0.2), "gemma3": (0.01, 0.2)}
+
+
+def tiny_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = _build(name)
+    embed_std, std = _INIT_STD.get(name, (0.1, 0.1))
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, embed_std if "embed" in param_name or param_name.endswith("wte.weight") else std)
+    model = model.to(dtype).eval()
+    model.generation_config.eos_token_id = EOS
+    model.generation_config.pad_token_id = 0
+    return model

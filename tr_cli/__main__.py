@@ -1,0 +1,3 @@
+from tr_cli.cli import main
+
+main()

@@ -1,0 +1,93 @@
+"""`tr generate`: one prompt, streamed Token Recycling output, then its stats."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import typer
+
+from ..core import GenerationStats, StopCondition, TokenRecyclingDecoder, resolve_tree
+from ..prompts import sample_prompts
+from ..text import IncrementalDecoder, encode_prompt
+from .common import DeviceOpt, DtypeOpt, ModelArg, TreeOpt, fail, load_with_progress, stderr, user_errors
+
+
+def generate(
+    model: str | None = ModelArg,
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="Prompt text ('-' reads stdin). Default: a bundled sample prompt."),
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1, help="Generate at most this many tokens."),
+    tree: str = TreeOpt,
+    k: int = typer.Option(8, "--k", min=1, help="Candidates kept per matrix row."),
+    compare: bool = typer.Option(False, "--compare", help="Also run transformers' greedy generate: speedup and identical-output check."),
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+) -> None:
+    """Generate a reply to one prompt with Token Recycling and print its stats."""
+    with user_errors():
+        try:
+            tree_spec = resolve_tree(tree)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
+        if tree_spec.max_slot >= k:
+            raise fail(f"--k {k}: tree {tree_spec.name} uses candidate slot {tree_spec.max_slot}; use --k {tree_spec.max_slot + 1} or more")
+        if prompt == "-":
+            prompt = sys.stdin.read()
+        if prompt is None:
+            prompt = sample_prompts()[0].turns[0]
+        if not prompt.strip():
+            raise fail("--prompt is empty; give some text")
+
+        loaded = load_with_progress(model, device, dtype)
+        input_ids = encode_prompt(loaded.tokenizer, prompt)
+        stop = StopCondition.build(max_new_tokens, loaded.eos_token_ids)
+        decoder = TokenRecyclingDecoder(loaded.model, tree=tree_spec, k=k)
+
+        stderr.print(f"[dim]{loaded.model_id} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · tree {tree_spec.name} ({tree_spec.size} nodes) · {torch.get_num_threads()} threads[/]")
+        stderr.print(f"[bold]Prompt:[/] {prompt.strip()}", markup=True, highlight=False)
+        text = IncrementalDecoder(loaded.tokenizer)
+        tokens: list[int] = []
+        stats = GenerationStats(prompt_tokens=len(input_ids))
+        start = time.perf_counter()
+        for event in decoder.steps(input_ids, stop):
+            stats.add(event)
+            tokens.extend(event.new_tokens)
+            sys.stdout.write(text.push(event.new_tokens))
+            sys.stdout.flush()
+        stats.wall_seconds = time.perf_counter() - start
+        sys.stdout.write("\n")
+
+        steps = max(stats.steps, 1)
+        stderr.print(
+            f"[dim]{stats.new_tokens} tokens in {stats.wall_seconds:.2f}s · {stats.tokens_per_second:.1f} tok/s · "
+            f"MAT {stats.mean_accepted_tokens:.2f} over {stats.steps} steps · prefill {stats.prefill_seconds * 1e3:.0f} ms · "
+            f"per step: draft {stats.draft_seconds / steps * 1e3:.1f} / forward {stats.forward_seconds / steps * 1e3:.1f} / "
+            f"verify {stats.verify_seconds / steps * 1e3:.1f} / update {stats.update_seconds / steps * 1e3:.1f} ms · "
+            f"finish: {stats.finish_reason}[/]"
+        )
+        if compare:
+            _compare(loaded, input_ids, max_new_tokens, tokens, stats.tokens_per_second)
+
+
+def _compare(loaded, input_ids: list[int], max_new_tokens: int, tokens: list[int], tr_tps: float) -> None:
+    ids = torch.tensor([input_ids], device=loaded.device)
+    pad = loaded.eos_token_ids[0] if loaded.eos_token_ids else 0
+    with torch.inference_mode():
+        start = time.perf_counter()
+        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+        seconds = time.perf_counter() - start
+    baseline = out[0, len(input_ids):].tolist()
+    base_tps = len(baseline) / seconds if seconds > 0 else 0.0
+    same = "identical" if baseline == tokens else f"differs from token {_first_difference(baseline, tokens)}"
+    stderr.print(
+        f"[bold]transformers greedy:[/] {len(baseline)} tokens, {base_tps:.1f} tok/s · "
+        f"[bold]Token Recycling speedup {tr_tps / base_tps if base_tps else 0:.2f}×[/] · output {same}"
+    )
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))

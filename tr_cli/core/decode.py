@@ -1,0 +1,259 @@
+"""The Token Recycling decode loop, as a generator of step events.
+
+Per step: draft a tree from the matrix (retrieve) -> verify it in one forward pass -> accept the
+longest greedy path -> update the matrix from every node's logits -> keep only the accepted path
+in the KV cache. Chat, the live view and bench all consume the same events.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .attention import AttentionLayout, causal_visibility
+from .draft import draft_tree
+from .kv_cache import CompactingCache
+from .matrix import DEFAULT_K, new_matrix, top_candidates, update_rows
+from .stopping import StopCondition
+from .tree import PRESETS, TreeBuffers, TreeSpec
+from .verify import greedy_accept
+
+PREFILL_CHUNK = 512
+
+
+@dataclass(frozen=True)
+class StepTimings:
+    """Seconds spent in each phase of one step (on CUDA, forward time partly lands in verify)."""
+
+    draft: float = 0.0
+    forward: float = 0.0
+    verify: float = 0.0
+    update: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.draft + self.forward + self.verify + self.update
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """One forward pass. step 0 is the prefill, which emits the first token and drafts nothing."""
+
+    step: int
+    tree_tokens: torch.Tensor | None  # (n+1,) tokens of root + draft nodes, on the CPU
+    tree: TreeSpec | None
+    accepted_nodes: list[int]  # node indices of the accepted draft path (root excluded)
+    accepted_tokens: list[int]
+    bonus: int | None  # the model's own token after the accepted path
+    new_tokens: list[int]  # what this step emits, after stop conditions
+    timings: StepTimings
+    finish_reason: str | None  # "eos", "length", "stop_string" on the last step
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: int = 0  # verification forwards (the prefill not counted)
+    step_tokens: int = 0  # tokens emitted by those steps (accepted drafts + bonus)
+    prefill_seconds: float = 0.0
+    wall_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    update_seconds: float = 0.0
+    finish_reason: str | None = None
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """MAT: tokens per verification step, counting the bonus token (Spec-Bench's convention)."""
+        return self.step_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    def add(self, event: StepEvent) -> None:
+        self.new_tokens += len(event.new_tokens)
+        t = event.timings
+        if event.step == 0:
+            self.prefill_seconds += t.total
+        else:
+            self.steps += 1
+            self.step_tokens += len(event.new_tokens)
+            self.draft_seconds += t.draft
+            self.forward_seconds += t.forward
+            self.verify_seconds += t.verify
+            self.update_seconds += t.update
+        if event.finish_reason:
+            self.finish_reason = event.finish_reason
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    stats: GenerationStats
+    events: list[StepEvent] = field(default_factory=list)
+
+
+def _cache_keyword(model: torch.nn.Module) -> str:
+    """transformers 5 renamed `past_key_values` to `cache`; pass whichever the model takes."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    """Rows of the output embedding: the size of the logits, which may exceed len(tokenizer)."""
+    out = model.get_output_embeddings()
+    if out is not None and hasattr(out, "weight"):
+        return int(out.weight.shape[0])
+    return int(model.config.get_text_config(decoder=True).vocab_size)
+
+
+class TokenRecyclingDecoder:
+    """Holds one conversation's state: KV cache, the pending token and the shared matrix.
+
+    Batch size 1. The last emitted token stays "pending" (not yet in the KV cache): it is the root
+    of the next tree, or the first input of the next turn, so a chat continues from the cache.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        matrix: torch.Tensor | None = None,
+        tree: TreeSpec | None = None,
+        k: int = DEFAULT_K,
+        seed_from_prompt: bool = True,
+    ) -> None:
+        self.model = model
+        self.device = model.get_input_embeddings().weight.device
+        self.vocab_size = _vocab_size(model)
+        if matrix is None:
+            matrix = new_matrix(self.vocab_size, k, self.device)
+        if matrix.shape[0] != self.vocab_size:
+            raise ValueError(f"matrix has {matrix.shape[0]} rows but the model's vocabulary has {self.vocab_size}")
+        self.matrix = matrix.to(self.device)
+        self.k = self.matrix.shape[1]
+        self.tree = tree or PRESETS["paper"]
+        if self.tree.max_slot >= self.k:
+            raise ValueError(f"tree {self.tree.name} uses candidate slot {self.tree.max_slot} but k={self.k}")
+        self.buffers = TreeBuffers.build(self.tree, self.device)
+        dtype = next(model.parameters()).dtype
+        self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
+        self.seed_from_prompt = seed_from_prompt
+        self._cache_kw = _cache_keyword(model)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the conversation (the matrix stays)."""
+        self.cache = CompactingCache()
+        self.pending: int | None = None
+        self.tokens: list[int] = []
+
+    @property
+    def cached_length(self) -> int:
+        return self.cache.length
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+        mask = self.layout.build(self.cache.length, positions, visible)
+        out = self.model(
+            input_ids=input_ids[None],
+            attention_mask=mask,
+            position_ids=positions[None],
+            use_cache=True,
+            **{self._cache_kw: self.cache},
+        )
+        return out.logits[0]
+
+    @torch.inference_mode()
+    def _prefill(self, ids: list[int]) -> tuple[int, StepTimings]:
+        """Run new tokens through the model in chunks; return the greedy next token."""
+        t0 = time.perf_counter()
+        update = 0.0
+        last_logits = None
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            chunk = torch.tensor(ids[start : start + PREFILL_CHUNK], dtype=torch.long, device=self.device)
+            positions = torch.arange(chunk.shape[0], device=self.device) + self.cache.length
+            logits = self._forward(chunk, positions, causal_visibility(chunk.shape[0], self.device))
+            last_logits = logits[-1]
+            if self.seed_from_prompt:
+                u0 = time.perf_counter()
+                update_rows(self.matrix, chunk, top_candidates(logits, self.k))
+                update += time.perf_counter() - u0
+        first = int(last_logits.argmax())
+        total = time.perf_counter() - t0
+        return first, StepTimings(forward=total - update, update=update)
+
+    @torch.inference_mode()
+    def _step(self) -> tuple[torch.Tensor, list[int], list[int], int, StepTimings]:
+        t0 = time.perf_counter()
+        tokens = draft_tree(self.matrix, self.pending, self.buffers)
+        positions = self.buffers.depths + self.cache.length
+        t1 = time.perf_counter()
+        logits = self._forward(tokens, positions, self.buffers.ancestor_mask)
+        t2 = time.perf_counter()
+        acceptance = greedy_accept(tokens, logits, self.buffers)
+        t3 = time.perf_counter()
+        update_rows(self.matrix, tokens, top_candidates(logits, self.k))
+        t4 = time.perf_counter()
+        timings = StepTimings(draft=t1 - t0, forward=t2 - t1, verify=t3 - t2, update=t4 - t3)
+        return tokens, acceptance.nodes, acceptance.tokens, acceptance.bonus, timings
+
+    @torch.inference_mode()
+    def _keep_path(self, root_at: int, nodes: list[int]) -> None:
+        """Cache keeps the root and the accepted nodes before the new pending (last emitted) token."""
+        offsets = torch.tensor([0] + nodes, dtype=torch.long, device=self.device)
+        self.cache.keep(root_at, offsets)
+
+    def steps(self, input_ids: list[int], stop: StopCondition) -> Iterator[StepEvent]:
+        """Append `input_ids` to the conversation and generate; yields one event per forward pass."""
+        if not input_ids and self.pending is None:
+            raise ValueError("nothing to continue from: give input tokens")
+        feed = ([self.pending] if self.pending is not None else []) + list(input_ids)
+        self.tokens.extend(input_ids)
+        generated: list[int] = []
+
+        first, timings = self._prefill(feed)
+        self.pending = first
+        keep, reason = stop.cut(generated, [first])
+        generated.append(first)
+        self.tokens.append(first)
+        yield StepEvent(0, None, None, [], [], first, [first], timings, reason)
+
+        step = 0
+        while reason is None:
+            step += 1
+            root_at = self.cache.length
+            tokens, nodes, accepted, bonus, timings = self._step()
+            emitted = accepted + [bonus]
+            keep, reason = stop.cut(generated, emitted)
+            emitted = emitted[:keep]
+            t0 = time.perf_counter()
+            self._keep_path(root_at, nodes[: keep - 1])
+            compact = time.perf_counter() - t0
+            self.pending = emitted[-1]
+            generated.extend(emitted)
+            self.tokens.extend(emitted)
+            timings = StepTimings(timings.draft, timings.forward, timings.verify, timings.update + compact)
+            bonus_emitted = bonus if keep > len(accepted) else None
+            yield StepEvent(
+                step, tokens.cpu(), self.tree, nodes[:keep], accepted[:keep], bonus_emitted, emitted, timings, reason
+            )
+
+    def generate(self, input_ids: list[int], stop: StopCondition, keep_events: bool = False) -> GenerationResult:
+        """Plain wrapper over `steps`: the generated tokens and their stats."""
+        stats = GenerationStats(prompt_tokens=len(input_ids))
+        events: list[StepEvent] = []
+        out: list[int] = []
+        t0 = time.perf_counter()
+        for event in self.steps(input_ids, stop):
+            out.extend(event.new_tokens)
+            stats.add(event)
+            if keep_events:
+                events.append(event)
+        stats.wall_seconds = time.perf_counter() - t0
+        return GenerationResult(out, stats, events)

@@ -1,0 +1,108 @@
+"""A preallocated KV cache that keeps exactly prefix + accepted path, compacted in place.
+
+Each layer owns a buffer with spare capacity: a forward writes its new keys/values into the
+buffer (no full-cache concatenation per step), and after verification the accepted tree rows are
+moved down in place next to the prefix. Implemented through transformers' public cache API
+(`Cache` + a `CacheLayerMixin` subclass), so any decoder that calls `cache.update` works with it.
+Sliding-window layers also keep every position: the mask, not the cache, applies the window.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+_MIN_CAPACITY = 256
+
+
+class CompactingLayer(CacheLayerMixin):
+    is_sliding = False
+    is_croppable = True
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__()
+        self.length = 0
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._keys = key_states.new_empty(*key_states.shape[:2], _MIN_CAPACITY, key_states.shape[3])
+        self._values = value_states.new_empty(*value_states.shape[:2], _MIN_CAPACITY, value_states.shape[3])
+        self.is_initialized = True
+
+    def _reserve(self, needed: int) -> None:
+        capacity = self._keys.shape[2]
+        if needed <= capacity:
+            return
+        new_capacity = max(needed, 2 * capacity)
+        for name in ("_keys", "_values"):
+            old = getattr(self, name)
+            grown = old.new_empty(*old.shape[:2], new_capacity, old.shape[3])
+            grown[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, grown)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n = key_states.shape[2]
+        self._reserve(self.length + n)
+        self._keys[:, :, self.length : self.length + n] = key_states
+        self._values[:, :, self.length : self.length + n] = value_states
+        self.length += n
+        self._expose()
+        return self.keys, self.values
+
+    def _expose(self) -> None:
+        self.keys = self._keys[:, :, : self.length]
+        self.values = self._values[:, :, : self.length]
+
+    def keep(self, start: int, offsets: torch.Tensor) -> None:
+        """Keep rows [0, start) plus rows start+offsets (ascending), moved to start, start+1, ..."""
+        if not self.is_initialized:
+            return
+        count = offsets.shape[0]
+        idx = offsets.to(self.device) + start
+        # Advanced indexing copies the source rows first, so overlapping moves are safe.
+        self._keys[:, :, start : start + count] = self._keys[:, :, idx]
+        self._values[:, :, start : start + count] = self._values[:, :, idx]
+        self.length = start + count
+        self._expose()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:  # transformers' legacy form: the size to keep
+            self.length = min(self.length, tokens_to_remove)
+        elif tokens_to_remove < 0:
+            self.length = max(0, self.length + tokens_to_remove)
+        if self.is_initialized:
+            self._expose()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.length = 0
+        if self.is_initialized:
+            self._expose()
+
+
+class CompactingCache(Cache):
+    """One CompactingLayer per decoder layer, created as layers first write."""
+
+    def __init__(self) -> None:
+        super().__init__(layer_class_to_replicate=CompactingLayer)
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length if self.layers else 0
+
+    def keep(self, start: int, offsets: torch.Tensor) -> None:
+        """Drop everything after `start` except the rows at start+offsets, in every layer."""
+        for layer in self.layers:
+            layer.keep(start, offsets)

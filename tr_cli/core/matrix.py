@@ -1,0 +1,30 @@
+"""The adjacency matrix: row t holds the k latest candidate tokens that followed token t."""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_K = 8
+
+
+def new_matrix(vocab_size: int, k: int = DEFAULT_K, device: torch.device | str = "cpu") -> torch.Tensor:
+    """An empty (all-zero) |V|×k matrix. int32 holds any real vocabulary and indexes directly."""
+    if vocab_size <= 0 or k <= 0:
+        raise ValueError(f"matrix shape must be positive, got vocab_size={vocab_size}, k={k}")
+    return torch.zeros(vocab_size, k, dtype=torch.int32, device=device)
+
+
+def top_candidates(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Top-k token ids per position, (n, V) -> (n, k) int32, best first."""
+    return torch.topk(logits, k, dim=-1, sorted=True).indices.to(torch.int32)
+
+
+def update_rows(matrix: torch.Tensor, tokens: torch.Tensor, candidates: torch.Tensor) -> None:
+    """Overwrite row tokens[i] with candidates[i]. With repeated tokens any one write wins: all are
+    fresh candidates for that token, so no conflict resolution is needed."""
+    matrix.index_copy_(0, tokens.to(device=matrix.device, dtype=torch.long), candidates.to(matrix.device))
+
+
+def rows_filled(matrix: torch.Tensor) -> int:
+    """Rows holding any candidate (an empty row is all zeros)."""
+    return int(matrix.any(dim=1).sum())

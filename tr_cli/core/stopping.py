@@ -1,0 +1,54 @@
+"""When to stop: EOS ids, an exact new-token budget, and optional stop strings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+# Generated tokens decoded in front of the new ones when looking for a stop string that spans steps.
+_STOP_TAIL_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class StopCondition:
+    max_new_tokens: int
+    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    stop_strings: tuple[str, ...] = ()
+    decode: Callable[[list[int]], str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.stop_strings and self.decode is None:
+            raise ValueError("stop strings need a decode function (the tokenizer's)")
+
+    @classmethod
+    def build(
+        cls,
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int] | int | None = None,
+        stop_strings: Iterable[str] = (),
+        decode: Callable[[list[int]], str] | None = None,
+    ) -> "StopCondition":
+        if eos_token_ids is None:
+            eos = frozenset()
+        elif isinstance(eos_token_ids, int):
+            eos = frozenset([eos_token_ids])
+        else:
+            eos = frozenset(int(t) for t in eos_token_ids)
+        return cls(max_new_tokens, eos, tuple(s for s in stop_strings if s), decode)
+
+    def cut(self, generated: list[int], new: list[int]) -> tuple[int, str | None]:
+        """How many of `new` to emit after `generated`, and why generation ends (None: go on)."""
+        limit = min(len(new), self.max_new_tokens - len(generated))
+        tail = generated[-_STOP_TAIL_TOKENS:]
+        for j in range(1, limit + 1):
+            if new[j - 1] in self.eos_token_ids:
+                return j, "eos"
+            if self.stop_strings:
+                text = self.decode(tail + new[:j])
+                if any(s in text for s in self.stop_strings):
+                    return j, "stop_string"
+        if len(generated) + limit >= self.max_new_tokens:
+            return limit, "length"
+        return limit, None

@@ -1,0 +1,27 @@
+"""Where tr keeps its files. TR_HOME moves everything (tests point it at a temp dir)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+APP = "tr"
+
+
+def _home() -> Path | None:
+    value = os.environ.get("TR_HOME")
+    return Path(value).expanduser() if value else None
+
+
+def data_dir() -> Path:
+    """Durable state: matrices, history, calibration."""
+    home = _home()
+    return home / "data" if home else Path(platformdirs.user_data_dir(APP))
+
+
+def cache_dir() -> Path:
+    """Rebuildable state: converted GGUF checkpoints."""
+    home = _home()
+    return home / "cache" if home else Path(platformdirs.user_cache_dir(APP))
