@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install completions clean
 
 install: $(STAMP)
 
@@ -21,10 +21,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/tr generate --compare
+	$(BIN)/tr bench --limit 6 --max-new-tokens 128
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# Regenerate completions/ and tr_cli/cli_names.py from the Typer app (after adding a command).
+completions: $(STAMP)
+	$(BIN)/python scripts/generate_completions.py
 
 clean:
 	rm -rf $(VENV)

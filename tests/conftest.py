@@ -25,3 +25,22 @@ def smollm2_checkpoint(smollm2_fp32) -> Path:
     from tr_cli.models import _gguf_checkpoint
 
     return _gguf_checkpoint(smollm2_fp32.source.path, lambda message: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smollm2_checkpoint) -> Path:
+    """A random-weight 2-layer Llama checkpoint speaking through SmolLM2's tokenizer (49,152 ids)."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, bos_token_id=1)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smollm2_checkpoint / name).exists():
+            shutil.copy(smollm2_checkpoint / name, directory / name)
+    return directory

@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 BIN = Path(sys.executable).parent
 
@@ -92,29 +90,16 @@ def test_generate_packaged_model_is_identical_to_generate(smollm2_checkpoint):
     assert "MAT" in out.stderr and "tok/s" in out.stderr
 
 
-def tiny_checkpoint(directory: Path, tokenizer_from: Path) -> Path:
-    """A random-weight Llama that speaks through SmolLM2's tokenizer (same 49,152 ids)."""
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, bos_token_id=1)
-    LlamaForCausalLM(config).save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (tokenizer_from / name).exists():
-            shutil.copy(tokenizer_from / name, directory / name)
-    return directory
-
-
-def test_generate_from_checkpoint_directory(tmp_path, smollm2_checkpoint):
-    model_dir = tiny_checkpoint(tmp_path / "tiny", smollm2_checkpoint)
-    out = run("generate", str(model_dir), "--dtype", "float32", "-n", "12", "--compare", "-p", "Hello")
+def test_generate_from_checkpoint_directory(tiny_llama_dir):
+    out = run("generate", str(tiny_llama_dir), "--dtype", "float32", "-n", "12", "--compare", "-p", "Hello")
     assert out.returncode == 0, out.stderr
     assert "12 tokens" in out.stderr and "output identical" in out.stderr
 
 
-def test_generate_from_cached_hub_id(tmp_path, smollm2_checkpoint):
+def test_generate_from_cached_hub_id(tmp_path, tiny_llama_dir):
     hub = tmp_path / "hub"
     snapshot = hub / "models--tiny-org--tiny-llama" / "snapshots" / "0123abcd"
-    tiny_checkpoint(snapshot, smollm2_checkpoint)
+    shutil.copytree(tiny_llama_dir, snapshot)
     (hub / "models--tiny-org--tiny-llama" / "refs").mkdir()
     (hub / "models--tiny-org--tiny-llama" / "refs" / "main").write_text("0123abcd")
     out = run("generate", "tiny-org/tiny-llama", "--dtype", "float32", "-n", "6", "-p", "Hi", env={"HF_HUB_CACHE": str(hub)})

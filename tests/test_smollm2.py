@@ -1,10 +1,12 @@
 """The packaged SmolLM2-135M-Instruct (real weights, GGUF) in float32: Token Recycling output is
 token-for-token what `model.generate` gives, on bundled Spec-Bench prompts and a second turn."""
 
+from pathlib import Path
+
 import torch
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
-from tr_cli.prompts import sample_prompts
+from tr_cli.prompts import read_prompt_file
 from tr_cli.text import encode_prompt
 
 NEW_TOKENS = 48
@@ -28,7 +30,7 @@ def test_packaged_model_loads_as_expected(smollm2_fp32):
 
 def test_smollm2_matches_generate_on_spec_bench_prompts(smollm2_fp32):
     loaded = smollm2_fp32
-    prompts = {p.category: p for p in sample_prompts()}
+    prompts = {p.category: p for p in read_prompt_file(Path(__file__).parent / "data" / "spec_bench_sample.jsonl")}
     decoder = TokenRecyclingDecoder(loaded.model)  # warm matrix across prompts
     accepted_drafts = 0
     for category in ("writing", "qa", "translation", "math_reasoning"):

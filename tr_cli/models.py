@@ -52,6 +52,14 @@ class LoadedModel:
         return self.source.model_id
 
     @property
+    def vocab_size(self) -> int:
+        """Rows of the output embedding (the logits' size; may exceed len(tokenizer))."""
+        out = self.model.get_output_embeddings()
+        if out is not None and hasattr(out, "weight"):
+            return int(out.weight.shape[0])
+        return int(self.model.config.get_text_config(decoder=True).vocab_size)
+
+    @property
     def eos_token_ids(self) -> list[int]:
         """EOS ids as `model.generate` uses them (generation config first, tokenizer second)."""
         eos = getattr(self.model.generation_config, "eos_token_id", None)
@@ -218,6 +226,35 @@ def _gguf_checkpoint(path: Path, status: Status) -> Path:
     return target
 
 
+def _location(source: ModelSource, status: Status) -> str:
+    """Where transformers loads this source from (a GGUF is converted and cached first)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # callers show their own progress through `status`
+    if source.kind == "gguf":
+        return str(_gguf_checkpoint(source.path, status))
+    if source.kind == "directory":
+        return str(source.path)
+    return source.model_id
+
+
+def load_tokenizer(arg: str | None = None, status: Status | None = None) -> tuple[object, int, ModelSource]:
+    """Tokenizer, output vocabulary size and source, without loading the weights."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    status = status or (lambda message: None)
+    source = resolve_model(arg)
+    location = _location(source, status)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=True)
+        config = AutoConfig.from_pretrained(location, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"model {source.model_id}: cannot load its tokenizer ({first_line})") from None
+    text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    return tokenizer, int(text_config.vocab_size), source
+
+
 def load_model(
     arg: str | None = None, device: str = "auto", dtype: str = "auto", status: Status | None = None
 ) -> LoadedModel:
@@ -228,15 +265,8 @@ def load_model(
     torch_dtype = pick_dtype(dtype, torch_device)
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # the caller shows its own progress through `status`
-    if source.kind == "gguf":
-        location = str(_gguf_checkpoint(source.path, status))
-    elif source.kind == "directory":
-        location = str(source.path)
-    else:
-        location = source.model_id
+    location = _location(source, status)
     status(f"Loading {source.model_id} ({str(torch_dtype).removeprefix('torch.')}, {torch_device.type})")
     kwargs = dict(dtype=torch_dtype, local_files_only=True)
     if torch_device.type == "cuda":

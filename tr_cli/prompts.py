@@ -1,10 +1,18 @@
-"""Prompt sets: the bundled Spec-Bench sample (bench will read user files here too)."""
+"""Prompt sets: Spec-Bench JSONL, JSONL with a `prompt` field, plain text, and the bundled sample.
+
+Errors name the file and line and say what was expected.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
+
+from .errors import UserError
+
+SAMPLE = "sample"  # the name under which the bundled prompt set is accepted
 
 
 @dataclass(frozen=True)
@@ -14,12 +22,60 @@ class PromptRecord:
     turns: tuple[str, ...]
 
 
-def sample_prompts() -> list[PromptRecord]:
-    """The prompts shipped with tr (a small Spec-Bench sample)."""
-    text = resources.files("tr_cli.data").joinpath("sample_prompts.jsonl").read_text(encoding="utf-8")
+def _parse_jsonl(text: str, where: str) -> list[PromptRecord]:
     records = []
-    for line in text.splitlines():
-        if line.strip():
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
             row = json.loads(line)
-            records.append(PromptRecord(str(row["question_id"]), row["category"], tuple(row["turns"])))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}:{number}: not valid JSON ({exc.msg}); write one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise UserError(f"{where}:{number}: expected a JSON object with \"turns\" or \"prompt\"")
+        ident = str(row.get("question_id", row.get("id", len(records) + 1)))
+        category = str(row.get("category", "default"))
+        if "turns" in row:
+            turns = row["turns"]
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+                raise UserError(f"{where}:{number}: \"turns\" must be a non-empty list of non-empty strings")
+        elif "prompt" in row:
+            if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+                raise UserError(f"{where}:{number}: \"prompt\" must be a non-empty string")
+            turns = [row["prompt"]]
+        else:
+            raise UserError(f"{where}:{number}: expected a \"turns\" list (Spec-Bench format) or a \"prompt\" string")
+        records.append(PromptRecord(ident, category, tuple(turns)))
     return records
+
+
+def _parse_text(text: str) -> list[PromptRecord]:
+    blocks = [b.strip() for b in text.replace("\r\n", "\n").split("\n\n") if b.strip()]
+    return [PromptRecord(str(i), "default", (block,)) for i, block in enumerate(blocks, 1)]
+
+
+def read_prompt_file(path: Path) -> list[PromptRecord]:
+    """A JSONL file (one record per line) or plain text (one prompt per blank-line-separated block)."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such prompt file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read it as UTF-8 text ({exc})") from None
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    if path.suffix in (".jsonl", ".json") or first.lstrip().startswith("{"):
+        return _parse_jsonl(text, str(path))
+    return _parse_text(text)
+
+
+def sample_prompts() -> list[PromptRecord]:
+    """The prompts shipped with tr: a few per Spec-Bench category, written for this project."""
+    text = resources.files("tr_cli.data").joinpath("sample_prompts.jsonl").read_text(encoding="utf-8")
+    return _parse_jsonl(text, "tr_cli/data/sample_prompts.jsonl")
+
+
+def load_prompts(source: str | Path | None) -> list[PromptRecord]:
+    """The bundled sample (None or "sample") or a prompt file."""
+    if source is None or str(source) == SAMPLE:
+        return sample_prompts()
+    return read_prompt_file(Path(source))

@@ -10,11 +10,23 @@ def has_chat_template(tokenizer) -> bool:
 def encode_prompt(tokenizer, text: str, system: str | None = None) -> list[int]:
     """Token ids for one user turn: the chat template with a generation prompt when the model has
     one, else the plain text (plain-completion mode)."""
+    return encode_conversation(tokenizer, [], text, system)
+
+
+def encode_conversation(
+    tokenizer, history: list[tuple[str, str]], text: str, system: str | None = None
+) -> list[int]:
+    """Token ids of a whole conversation ((user, reply) pairs, then the new user text), ready for
+    the model's reply."""
     if has_chat_template(tokenizer):
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": text}]
+        messages = [{"role": "system", "content": system}] if system else []
+        for user, reply in history:
+            messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+        messages.append({"role": "user", "content": text})
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
         return list(out["input_ids"])
-    return list(tokenizer.encode(text))
+    plain = "".join(f"{user}\n{reply}\n" for user, reply in history) + text
+    return list(tokenizer.encode((system + "\n" if system else "") + plain))
 
 
 class IncrementalDecoder:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import typer
 
 from .. import __version__
+from .bench import bench
 from .generate import generate
+from .matrix import app as matrix_app
 
 app = typer.Typer(
     name="tr",
@@ -30,7 +32,14 @@ def _root(
 
 
 app.command()(generate)
+app.command()(bench)
+app.add_typer(matrix_app, name="matrix")
 
 
 def main() -> None:
-    app(prog_name="tr")
+    import os
+    import sys
+
+    # `token-recycling` is its own program name: usage lines and _TOKEN_RECYCLING_COMPLETE.
+    name = os.path.basename(sys.argv[0]) if sys.argv else ""
+    app(prog_name="token-recycling" if name == "token-recycling" else "tr")

@@ -5,21 +5,36 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import typer
 from rich.console import Console
 
+from ..completion import complete_model
 from ..errors import UserError
+from ..hot_matrix import HotMatrix
 from ..models import DEFAULT_MODEL, LoadedModel, load_model
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
+
+def _complete_model(incomplete: str) -> list[tuple[str, str]]:
+    """Shell completion of MODEL: the packaged name, GGUF files, directories, cached hub ids."""
+    return complete_model(incomplete, packaged=[DEFAULT_MODEL])
+
+
 ModelArg = typer.Argument(
-    None, help=f"Packaged model name ({DEFAULT_MODEL}), a .gguf file, a checkpoint directory or a cached Hugging Face id."
+    None,
+    help=f"Packaged model name ({DEFAULT_MODEL}), a .gguf file, a checkpoint directory or a cached Hugging Face id.",
+    autocompletion=_complete_model,
 )
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu, cuda or mps.")
 DtypeOpt = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA and bf16-capable CPUs, else float32), float32, bfloat16, float16.")
 TreeOpt = typer.Option("paper", "--tree", help="Draft tree: a preset (paper) or a JSON spec file.")
+KOpt = typer.Option(8, "--k", min=1, help="Candidates kept per matrix row.")
+MatrixPathOpt = typer.Option(None, "--matrix", help="Use this matrix file instead of the model's stored one.")
+ColdOpt = typer.Option(False, "--cold", help="Start from an empty matrix (the stored one is not read).")
+NoSaveOpt = typer.Option(False, "--no-save", help="Do not write the matrix back at exit.")
 
 
 def fail(message: str) -> typer.Exit:
@@ -46,3 +61,22 @@ def load_with_progress(model: str | None, device: str, dtype: str) -> LoadedMode
         return load_model(model, device, dtype, status=lambda message: stderr.print(f"[dim]{message}…[/]"))
     with stderr.status("Resolving model…") as spinner:
         return load_model(model, device, dtype, status=lambda message: spinner.update(f"{message}…"))
+
+
+def open_matrix(loaded: LoadedModel, k: int, path: Path | None, cold: bool, no_save: bool) -> HotMatrix:
+    """The model's hot matrix (or the one named by --matrix, or an empty one with --cold)."""
+    if path is not None and path.exists() and not path.is_file():
+        raise UserError(f"--matrix {path}: not a file")
+    return HotMatrix.open(loaded.tokenizer, loaded.vocab_size, loaded.model_id, k=k, device=loaded.device,
+                          path=path, cold=cold, save=not no_save)
+
+
+def save_matrix(hot: HotMatrix) -> None:
+    """Save at exit; a failure is a warning, never a lost result."""
+    try:
+        rows = hot.save()
+    except (OSError, UserError) as exc:
+        stderr.print(f"[yellow]tr: warning:[/] could not save the matrix to {hot.path}: {exc}")
+        return
+    if rows:
+        stderr.print(f"[dim]matrix: {rows:,} rows saved to {hot.path}[/]")

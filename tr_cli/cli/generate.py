@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import torch
 import typer
@@ -11,7 +12,22 @@ import typer
 from ..core import GenerationStats, StopCondition, TokenRecyclingDecoder, resolve_tree
 from ..prompts import sample_prompts
 from ..text import IncrementalDecoder, encode_prompt
-from .common import DeviceOpt, DtypeOpt, ModelArg, TreeOpt, fail, load_with_progress, stderr, user_errors
+from .common import (
+    ColdOpt,
+    DeviceOpt,
+    DtypeOpt,
+    KOpt,
+    MatrixPathOpt,
+    ModelArg,
+    NoSaveOpt,
+    TreeOpt,
+    fail,
+    load_with_progress,
+    open_matrix,
+    save_matrix,
+    stderr,
+    user_errors,
+)
 
 
 def generate(
@@ -19,8 +35,12 @@ def generate(
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="Prompt text ('-' reads stdin). Default: a bundled sample prompt."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1, help="Generate at most this many tokens."),
     tree: str = TreeOpt,
-    k: int = typer.Option(8, "--k", min=1, help="Candidates kept per matrix row."),
+    k: int = KOpt,
+    stop_strings: list[str] = typer.Option([], "--stop", help="Stop once the output contains this text (repeatable)."),
     compare: bool = typer.Option(False, "--compare", help="Also run transformers' greedy generate: speedup and identical-output check."),
+    matrix: Path | None = MatrixPathOpt,
+    cold: bool = ColdOpt,
+    no_save: bool = NoSaveOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
 ) -> None:
@@ -41,20 +61,28 @@ def generate(
 
         loaded = load_with_progress(model, device, dtype)
         input_ids = encode_prompt(loaded.tokenizer, prompt)
-        stop = StopCondition.build(max_new_tokens, loaded.eos_token_ids)
-        decoder = TokenRecyclingDecoder(loaded.model, tree=tree_spec, k=k)
+        stop = StopCondition.build(
+            max_new_tokens, loaded.eos_token_ids, stop_strings,
+            decode=lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True),
+        )
+        hot = open_matrix(loaded, k, matrix, cold, no_save)
+        decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, tree=tree_spec)
 
         stderr.print(f"[dim]{loaded.model_id} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · tree {tree_spec.name} ({tree_spec.size} nodes) · {torch.get_num_threads()} threads[/]")
+        stderr.print(f"[dim]{hot.describe()}[/]")
         stderr.print(f"[bold]Prompt:[/] {prompt.strip()}", markup=True, highlight=False)
         text = IncrementalDecoder(loaded.tokenizer)
         tokens: list[int] = []
         stats = GenerationStats(prompt_tokens=len(input_ids))
         start = time.perf_counter()
-        for event in decoder.steps(input_ids, stop):
-            stats.add(event)
-            tokens.extend(event.new_tokens)
-            sys.stdout.write(text.push(event.new_tokens))
-            sys.stdout.flush()
+        try:
+            for event in decoder.steps(input_ids, stop):
+                stats.add(event)
+                tokens.extend(event.new_tokens)
+                sys.stdout.write(text.push(event.new_tokens))
+                sys.stdout.flush()
+        finally:
+            save_matrix(hot)  # also on Ctrl-C: what was learned so far is kept
         stats.wall_seconds = time.perf_counter() - start
         sys.stdout.write("\n")
 
@@ -67,15 +95,18 @@ def generate(
             f"finish: {stats.finish_reason}[/]"
         )
         if compare:
-            _compare(loaded, input_ids, max_new_tokens, tokens, stats.tokens_per_second)
+            _compare(loaded, input_ids, max_new_tokens, stop_strings, tokens, stats.tokens_per_second)
 
 
-def _compare(loaded, input_ids: list[int], max_new_tokens: int, tokens: list[int], tr_tps: float) -> None:
+def _compare(loaded, input_ids: list[int], max_new_tokens: int, stop_strings: list[str], tokens: list[int], tr_tps: float) -> None:
     ids = torch.tensor([input_ids], device=loaded.device)
     pad = loaded.eos_token_ids[0] if loaded.eos_token_ids else 0
     with torch.inference_mode():
         start = time.perf_counter()
-        out = loaded.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+        extra = {"stop_strings": stop_strings, "tokenizer": loaded.tokenizer} if stop_strings else {}
+        out = loaded.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad, **extra
+        )
         seconds = time.perf_counter() - start
     baseline = out[0, len(input_ids):].tolist()
     base_tps = len(baseline) / seconds if seconds > 0 else 0.0

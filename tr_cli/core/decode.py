@@ -167,7 +167,8 @@ class TokenRecyclingDecoder:
             use_cache=True,
             **{self._cache_kw: self.cache},
         )
-        return out.logits[0]
+        # With device_map="auto" the head may sit on another device than the embeddings.
+        return out.logits[0].to(self.device)
 
     @torch.inference_mode()
     def _prefill(self, ids: list[int]) -> tuple[int, StepTimings]:

@@ -1,0 +1,156 @@
+"""`tr bench`: prompt files, metric arithmetic, the JSON schema, the identical check, and real
+end-to-end runs on a tiny random model and on SmolLM2."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tr_cli.bench.methods import Run
+from tr_cli.bench.metrics import summarize
+from tr_cli.bench.report import render
+from tr_cli.bench.runner import run_bench
+from tr_cli.cli import app
+from tr_cli.errors import UserError
+from tr_cli.prompts import PromptRecord, load_prompts, read_prompt_file
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("TR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+# --- prompt files -----------------------------------------------------------------------------
+
+def test_three_prompt_formats(tmp_path):
+    spec = tmp_path / "spec.jsonl"
+    spec.write_text('{"question_id": 7, "category": "qa", "turns": ["A?", "B?"]}\n\n{"question_id": 8, "category": "rag", "turns": ["C"]}\n')
+    plain = tmp_path / "p.jsonl"
+    plain.write_text('{"prompt": "Hello"}\n{"prompt": "World", "category": "x", "id": "w"}\n')
+    text = tmp_path / "prompts.txt"
+    text.write_text("First prompt\nstill first.\n\n\nSecond prompt.\n")
+    assert read_prompt_file(spec) == [PromptRecord("7", "qa", ("A?", "B?")), PromptRecord("8", "rag", ("C",))]
+    assert read_prompt_file(plain) == [PromptRecord("1", "default", ("Hello",)), PromptRecord("w", "x", ("World",))]
+    assert [r.turns for r in read_prompt_file(text)] == [("First prompt\nstill first.",), ("Second prompt.",)]
+    bundled = load_prompts(None)
+    assert len(bundled) >= 10 and len({r.category for r in bundled}) >= 6
+
+
+@pytest.mark.parametrize("content, line, words", [
+    ('{"turns": ["ok"]}\n{"turns": ["ok"]\n', 2, "not valid JSON"),
+    ('{"turns": ["ok"]}\n\n{"turns": []}\n', 3, "non-empty list"),
+    ('{"question": "x"}\n', 1, 'expected a "turns" list'),
+    ('[1, 2]\n', 1, "expected a JSON object"),
+])
+def test_bad_prompt_files_name_the_line(tmp_path, content, line, words):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(UserError) as info:
+        read_prompt_file(path)
+    assert f"{path}:{line}:" in str(info.value) and words in str(info.value)
+
+
+# --- arithmetic on hand-made runs ------------------------------------------------------------
+
+def fake_runner(outputs: dict[int, list[int]], seconds: float, steps_per_token: float):
+    """Answers by prompt length; a fixed time and step count per run."""
+    def run(ids, max_new_tokens):
+        tokens = outputs[len(ids)][:max_new_tokens]
+        return Run(tokens, seconds, round((len(tokens) - 1) * steps_per_token))
+    return run
+
+
+def test_metrics_identical_check_and_schema():
+    prompts = [PromptRecord("a", "qa", ("xx",)), PromptRecord("b", "rag", ("yyy",))]
+    outputs = {2: [1, 2, 3, 4, 5], 3: [6, 7, 8]}
+    different = {2: [1, 2, 3, 4, 5], 3: [6, 7, 9]}  # differs on prompt b only
+    runners = {
+        "baseline": fake_runner(outputs, 2.0, 1.0),
+        "tr": fake_runner(different, 1.0, 0.5),
+    }
+    results = run_bench(runners, prompts, encode=lambda history, text: [0] * len(text), decode=str,
+                        max_new_tokens=10, warmup=0)
+    report = summarize(results, {"model": "fake"})
+    assert set(report) == {"environment", "methods", "categories", "prompts"}
+    keys = {"tokens_per_second", "speedup", "mean_accepted_tokens", "new_tokens", "wall_seconds", "identical_to_baseline", "prompts"}
+    assert set(report["methods"]["baseline"]) == keys == set(report["methods"]["tr"])
+    base, tr = report["methods"]["baseline"], report["methods"]["tr"]
+    assert base["new_tokens"] == 8 and base["wall_seconds"] == 4.0 and base["tokens_per_second"] == 2.0
+    assert base["speedup"] == 1.0 and base["mean_accepted_tokens"] == 1.0
+    assert tr["tokens_per_second"] == 4.0 and tr["speedup"] == 2.0
+    assert tr["mean_accepted_tokens"] == pytest.approx((4 + 2) / (2 + 1))  # step tokens / steps
+    assert base["identical_to_baseline"] == 2 and tr["identical_to_baseline"] == 1 and tr["prompts"] == 2
+    assert report["categories"]["qa"]["tr"]["speedup"] == 2.0
+    assert set(report["categories"]["rag"]["tr"]) == {"speedup", "mean_accepted_tokens", "tokens_per_second"}
+    by_id = {p["id"]: p for p in report["prompts"]}
+    assert by_id["a"]["tr"]["identical_to_baseline"] is True and by_id["b"]["tr"]["identical_to_baseline"] is False
+    assert set(by_id["a"]["tr"]) == {"new_tokens", "wall_seconds", "mean_accepted_tokens", "identical_to_baseline"}
+    json.loads(render(report, "json"))
+    md = render(report, "md")
+    assert "| tr | 2.00× | 2.00× |" in md
+    assert "tr,all,4.0000,2.0000" in render(report, "csv")
+
+
+def test_next_turn_follows_the_methods_own_answer():
+    seen = []
+
+    def encode(history, text):
+        seen.append(list(history))
+        return [0] * (len(text) + 2 * len(history))
+
+    outputs = {3: [1, 2], 6: [3]}
+    prompts = [PromptRecord("a", "writing", ("one", "t"))]
+    run_bench({"tr": fake_runner(outputs, 1.0, 1.0)}, prompts, encode, decode=lambda ids: f"reply{ids}",
+              max_new_tokens=5, warmup=0)
+    assert seen == [[], [("one", "reply[1, 2]")]]
+
+
+# --- bad input fails before the model loads --------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["missing.jsonl"], "no such prompt file"),
+    (["--methods", "baseline,warp"], "unknown method warp"),
+    (["--categories", "poetry"], "poetry not in"),
+    (["--format", "xml"], "--format xml"),
+    (["--turns", "2"], "--turns 2"),
+])
+def test_bad_input_is_one_line_error(args, words):
+    out = runner.invoke(app, ["bench", *args])
+    assert out.exit_code == 1 and words in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_empty_prompt_set_after_filters(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text("\n\n")
+    out = runner.invoke(app, ["bench", str(path)])
+    assert out.exit_code == 1 and "no prompts left" in out.output
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+def test_bench_tiny_model_end_to_end(tiny_llama_dir, tmp_path):
+    report_path = tmp_path / "report.json"
+    out = runner.invoke(app, ["bench", "--model", str(tiny_llama_dir), "--dtype", "float32", "--limit", "2",
+                              "-n", "12", "--format", "json", "--output", str(report_path), "--warmup", "0"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(report_path.read_text())
+    assert set(report["methods"]) == {"baseline", "pld", "tr"}
+    assert report["methods"]["tr"]["identical_to_baseline"] == 2  # float32: lossless
+    assert report["methods"]["baseline"]["prompts"] == 2
+    env = report["environment"]
+    for key in ("tr_version", "torch", "transformers", "device_name", "dtype", "threads", "model", "tree", "k",
+                "max_new_tokens", "matrix", "date"):
+        assert key in env
+    assert env["model"] == str(tiny_llama_dir) and env["dtype"] == "float32"
+
+
+def test_bench_smollm2_two_prompts(smollm2_checkpoint):
+    out = runner.invoke(app, ["bench", "--dtype", "float32", "--limit", "2", "-n", "16", "--turns", "1",
+                              "--methods", "baseline,tr", "--format", "md", "--warmup", "0"])
+    assert out.exit_code == 0, out.output
+    table = [line for line in out.stdout.splitlines() if line.startswith("| tr ")]
+    assert table and table[0].rstrip().endswith("| 2/2 |"), out.stdout

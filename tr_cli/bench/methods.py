@@ -1,0 +1,82 @@
+"""The decoding methods a bench compares, all on one model object in one process.
+
+Every method gets the same input ids and returns its tokens, wall time and forward-step count,
+so MAT is measured the same way for all: new tokens per decoding forward after the prefill.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..core import StopCondition, TokenRecyclingDecoder, TreeSpec
+
+METHODS = ("baseline", "pld", "tr")
+PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
+
+
+@dataclass(frozen=True)
+class Run:
+    tokens: list[int]
+    seconds: float
+    steps: int  # decoding forward passes after the prefill
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens per decoding step. The prefill's token is not a step: (tokens - 1) / steps."""
+        return (len(self.tokens) - 1) / self.steps if self.steps else 1.0
+
+
+class _ForwardCounter:
+    """Counts the model's top-level forward calls (a public nn.Module hook; nothing patched)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls = 0
+        self._handle = model.register_forward_pre_hook(self._count)
+
+    def _count(self, module, args) -> None:
+        self.calls += 1
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+class HFGenerate:
+    """transformers `generate`, greedy; with `prompt_lookup` it is HF prompt lookup decoding."""
+
+    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], prompt_lookup: bool) -> None:
+        self.model = model
+        self.eos = eos_token_ids
+        self.prompt_lookup = prompt_lookup
+
+    @torch.inference_mode()
+    def run(self, ids: list[int], max_new_tokens: int) -> Run:
+        device = self.model.get_input_embeddings().weight.device
+        prompt = torch.tensor([ids], device=device)
+        extra = {"prompt_lookup_num_tokens": PLD_TOKENS} if self.prompt_lookup else {}
+        counter = _ForwardCounter(self.model)
+        try:
+            start = time.perf_counter()
+            out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
+                                      do_sample=False, eos_token_id=self.eos or None,
+                                      pad_token_id=self.eos[0] if self.eos else 0, **extra)
+            seconds = time.perf_counter() - start
+        finally:
+            counter.close()
+        tokens = out[0, len(ids):].tolist()
+        return Run(tokens, seconds, max(counter.calls - 1, 0))
+
+
+class TokenRecycling:
+    """Our decoder on the (shared, hot) matrix; every prompt starts a fresh conversation."""
+
+    def __init__(self, model: torch.nn.Module, matrix: torch.Tensor, tree: TreeSpec, eos_token_ids: list[int]) -> None:
+        self.decoder = TokenRecyclingDecoder(model, matrix=matrix, tree=tree)
+        self.eos = eos_token_ids
+
+    def run(self, ids: list[int], max_new_tokens: int) -> Run:
+        self.decoder.reset()
+        result = self.decoder.generate(ids, StopCondition.build(max_new_tokens, self.eos))
+        return Run(result.tokens, result.stats.wall_seconds, result.stats.steps)

@@ -1,0 +1,58 @@
+"""Aggregate bench results into the stable report structure (the `--format json` schema)."""
+
+from __future__ import annotations
+
+from .runner import Measured, PromptResult
+
+
+def _rate(items: list[Measured]) -> float:
+    seconds = sum(m.seconds for m in items)
+    return sum(m.new_tokens for m in items) / seconds if seconds else 0.0
+
+
+def _mat(items: list[Measured]) -> float:
+    steps = sum(m.steps for m in items)
+    return sum(m.step_tokens for m in items) / steps if steps else 1.0
+
+
+def summarize(results: list[PromptResult], environment: dict) -> dict:
+    methods = list(results[0].methods) if results else []
+    has_baseline = "baseline" in methods
+
+    def block(name: str, subset: list[PromptResult]) -> dict:
+        items = [r.methods[name] for r in subset]
+        rate = _rate(items)
+        base = _rate([r.methods["baseline"] for r in subset]) if has_baseline else 0.0
+        return {"tokens_per_second": rate, "speedup": rate / base if base else None, "mean_accepted_tokens": _mat(items),
+                "items": items}
+
+    report_methods = {}
+    for name in methods:
+        b = block(name, results)
+        identical = [r.identical_to_baseline(name) for r in results]
+        report_methods[name] = {
+            "tokens_per_second": b["tokens_per_second"],
+            "speedup": b["speedup"],
+            "mean_accepted_tokens": b["mean_accepted_tokens"],
+            "new_tokens": sum(m.new_tokens for m in b["items"]),
+            "wall_seconds": sum(m.seconds for m in b["items"]),
+            "identical_to_baseline": sum(1 for i in identical if i) if has_baseline else None,
+            "prompts": len(results),
+        }
+    categories: dict[str, dict] = {}
+    for category in dict.fromkeys(r.record.category for r in results):
+        subset = [r for r in results if r.record.category == category]
+        categories[category] = {}
+        for name in methods:
+            b = block(name, subset)
+            categories[category][name] = {"speedup": b["speedup"], "mean_accepted_tokens": b["mean_accepted_tokens"],
+                                          "tokens_per_second": b["tokens_per_second"]}
+    prompts = []
+    for r in results:
+        entry: dict = {"id": r.record.id, "category": r.record.category, "turns": r.turns}
+        for name, m in r.methods.items():
+            entry[name] = {"new_tokens": m.new_tokens, "wall_seconds": m.seconds,
+                           "mean_accepted_tokens": m.mean_accepted_tokens,
+                           "identical_to_baseline": r.identical_to_baseline(name)}
+        prompts.append(entry)
+    return {"environment": environment, "methods": report_methods, "categories": categories, "prompts": prompts}

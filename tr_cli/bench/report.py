@@ -1,0 +1,116 @@
+"""Render a bench report as a terminal table, Markdown, CSV or JSON (same numbers in each)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+
+FORMATS = ("table", "md", "csv", "json")
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return platform.processor() or platform.machine()
+    return device.type
+
+
+def environment(**fields) -> dict:
+    """The run's circumstances, recorded with its numbers."""
+    import transformers
+
+    from .. import __version__
+
+    return {
+        "tr_version": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "threads": torch.get_num_threads(),
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **fields,
+    }
+
+
+def _fmt(value, digits: int = 2, suffix: str = "") -> str:
+    return "–" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def rows(report: dict) -> tuple[list[str], list[list[str]]]:
+    """The paper-style table: methods as rows, per-category speedups, then MAT, tok/s, speedup."""
+    categories = list(report["categories"])
+    header = ["method", *categories, "MAT", "tok/s", "speedup", "identical"]
+    body = []
+    for name, m in report["methods"].items():
+        cells = [_fmt(report["categories"][c][name]["speedup"], 2, "×") for c in categories]
+        identical = "–" if m["identical_to_baseline"] is None else f"{m['identical_to_baseline']}/{m['prompts']}"
+        body.append([name, *cells, _fmt(m["mean_accepted_tokens"]), _fmt(m["tokens_per_second"], 1),
+                     _fmt(m["speedup"], 2, "×"), identical])
+    return header, body
+
+
+def environment_line(env: dict) -> str:
+    keys = ("model", "dtype", "device_name", "threads", "tree", "k", "max_new_tokens", "matrix", "torch", "transformers", "tr_version", "date")
+    return " · ".join(f"{k}: {env[k]}" for k in keys if k in env)
+
+
+def to_markdown(report: dict) -> str:
+    header, body = rows(report)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines) + "\n\n" + environment_line(report["environment"]) + "\n"
+
+
+def to_csv(report: dict) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(["method", "category", "tokens_per_second", "speedup", "mean_accepted_tokens", "identical_to_baseline", "prompts"])
+    for name, m in report["methods"].items():
+        writer.writerow([name, "all", f"{m['tokens_per_second']:.4f}", _fmt(m["speedup"], 4), f"{m['mean_accepted_tokens']:.4f}",
+                         "" if m["identical_to_baseline"] is None else m["identical_to_baseline"], m["prompts"]])
+    for category, methods in report["categories"].items():
+        for name, c in methods.items():
+            writer.writerow([name, category, f"{c['tokens_per_second']:.4f}", _fmt(c["speedup"], 4),
+                             f"{c['mean_accepted_tokens']:.4f}", "", ""])
+    return out.getvalue()
+
+
+def to_json(report: dict) -> str:
+    return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+
+
+def to_rich_table(report: dict):
+    from rich.table import Table
+    from rich.text import Text
+
+    header, body = rows(report)
+    table = Table(title="tr bench: speedup over transformers greedy", title_justify="left",
+                  caption=environment_line(report["environment"]), caption_justify="left")
+    for i, column in enumerate(header):
+        table.add_column(column, justify="left" if i == 0 else "right")
+    for row in body:
+        table.add_row(*(Text(cell) for cell in row))
+    return table
+
+
+def render(report: dict, fmt: str) -> str:
+    if fmt == "md":
+        return to_markdown(report)
+    if fmt == "csv":
+        return to_csv(report)
+    if fmt == "json":
+        return to_json(report)
+    raise ValueError(f"no text rendering for {fmt}")

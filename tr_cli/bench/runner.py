@@ -1,0 +1,107 @@
+"""Run every method on every prompt, interleaved per prompt so machine drift hits all alike."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..prompts import PromptRecord
+from .methods import Run
+
+
+@dataclass
+class Measured:
+    """One method on one prompt, all turns added up."""
+
+    tokens: list[list[int]] = field(default_factory=list)  # per turn
+    seconds: float = 0.0
+    steps: int = 0
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens produced by decoding steps (each turn's first token comes from its prefill)."""
+        return sum(max(len(t) - 1, 0) for t in self.tokens)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return self.step_tokens / self.steps if self.steps else 1.0
+
+    def add(self, run: Run) -> None:
+        self.tokens.append(run.tokens)
+        self.seconds += run.seconds
+        self.steps += run.steps
+
+
+@dataclass
+class PromptResult:
+    record: PromptRecord
+    turns: int
+    methods: dict[str, Measured]
+
+    def identical_to_baseline(self, method: str) -> bool | None:
+        if "baseline" not in self.methods:
+            return None
+        return self.methods[method].tokens == self.methods["baseline"].tokens
+
+
+Runner = Callable[[list[int], int], Run]
+EncodeTurn = Callable[[list[tuple[str, str]], str], list[int]]  # (history of (user, reply), new user text) -> ids
+Progress = Callable[[int, str, dict[str, float]], None]  # prompt index, method, running speedups
+
+
+def median_run(runner: Runner, ids: list[int], max_new_tokens: int, repeats: int) -> Run:
+    """Run `repeats` times; the run of median wall time (greedy tokens are the same each time)."""
+    runs = [runner(ids, max_new_tokens) for _ in range(repeats)]
+    middle = statistics.median_low([r.seconds for r in runs])
+    return next(r for r in runs if r.seconds == middle)
+
+
+def run_bench(
+    runners: dict[str, Runner],
+    prompts: list[PromptRecord],
+    encode: EncodeTurn,
+    decode: Callable[[list[int]], str],
+    max_new_tokens: int,
+    turns: str = "all",
+    repeats: int = 1,
+    warmup: int = 1,
+    progress: Progress | None = None,
+) -> list[PromptResult]:
+    """Multi-turn prompts run turn by turn, each next turn after the method's own answer."""
+    for record in prompts[:warmup]:
+        ids = encode([], record.turns[0])
+        for runner in runners.values():
+            runner(ids, min(max_new_tokens, 32))
+    results: list[PromptResult] = []
+    for index, record in enumerate(prompts):
+        texts = record.turns if turns == "all" else record.turns[:1]
+        measured = {name: Measured() for name in runners}
+        for name, runner in runners.items():
+            if progress:
+                progress(index, name, running_speedups(results))
+            history: list[tuple[str, str]] = []
+            for text in texts:
+                run = median_run(runner, encode(history, text), max_new_tokens, repeats)
+                measured[name].add(run)
+                history.append((text, decode(run.tokens)))
+        results.append(PromptResult(record, len(texts), measured))
+    if progress:
+        progress(len(prompts), "", running_speedups(results))
+    return results
+
+
+def running_speedups(results: list[PromptResult]) -> dict[str, float]:
+    """tokens/s of each method over the baseline's, so far (empty without a baseline)."""
+    if not results or "baseline" not in results[0].methods:
+        return {}
+    def rate(name: str) -> float:
+        tokens = sum(r.methods[name].new_tokens for r in results)
+        seconds = sum(r.methods[name].seconds for r in results)
+        return tokens / seconds if seconds else 0.0
+    base = rate("baseline")
+    return {name: rate(name) / base for name in results[0].methods if name != "baseline" and base}

@@ -1,0 +1,139 @@
+"""`tr bench`: baseline vs prompt lookup vs Token Recycling on a prompt file, one process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..bench.methods import METHODS, HFGenerate, TokenRecycling
+from ..bench.metrics import summarize
+from ..bench.report import FORMATS, device_name, environment, render, to_rich_table
+from ..bench.runner import run_bench
+from ..core import resolve_tree
+from ..errors import UserError
+from ..prompts import SAMPLE, load_prompts
+from ..text import encode_conversation
+from .common import (
+    ColdOpt,
+    DeviceOpt,
+    DtypeOpt,
+    KOpt,
+    MatrixPathOpt,
+    NoSaveOpt,
+    TreeOpt,
+    load_with_progress,
+    open_matrix,
+    save_matrix,
+    stderr,
+    user_errors,
+)
+
+
+def _split(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def bench(
+    prompts_file: str = typer.Argument(SAMPLE, metavar="[PROMPTS]", help="Spec-Bench JSONL, JSONL with \"prompt\", or plain text (blank-line separated). Default: the bundled sample."),
+    model: str | None = typer.Option(None, "--model", "-m", help="Model (default: the packaged smollm2)."),
+    methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated: baseline (HF greedy), pld (HF prompt lookup), tr."),
+    tree: str = TreeOpt,
+    k: int = KOpt,
+    max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Use only the first N prompts (after --categories)."),
+    categories: str | None = typer.Option(None, "--categories", help="Comma-separated categories to keep."),
+    turns: str = typer.Option("all", "--turns", help="1 (first turn only) or all (each next turn after the method's own answer)."),
+    warmup: int = typer.Option(1, "--warmup", min=0, help="Prompts run first and not counted."),
+    repeats: int = typer.Option(1, "--repeats", min=1, help="Runs per measurement; the median time is reported."),
+    matrix: Path | None = MatrixPathOpt,
+    cold: bool = ColdOpt,
+    no_save: bool = NoSaveOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    fmt: str = typer.Option("table", "--format", help="table, md, csv or json."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report here instead of stdout."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (greedy decoding does not depend on it)."),
+) -> None:
+    """Benchmark Token Recycling against transformers greedy and prompt lookup decoding."""
+    with user_errors():
+        chosen = _split(methods)
+        unknown = [m for m in chosen if m not in METHODS]
+        if unknown or not chosen:
+            raise UserError(f"--methods: unknown method {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)}")
+        if fmt not in FORMATS:
+            raise UserError(f"--format {fmt}: choose table, md, csv or json")
+        if turns not in ("1", "all"):
+            raise UserError(f"--turns {turns}: use 1 or all")
+        if output is not None and not output.parent.is_dir():
+            raise UserError(f"--output {output}: directory {output.parent} does not exist")
+        try:
+            tree_spec = resolve_tree(tree)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        records = load_prompts(prompts_file)
+        if categories:
+            wanted = _split(categories)
+            known = sorted({r.category for r in records})
+            missing = [c for c in wanted if c not in known]
+            if missing:
+                raise UserError(f"--categories: {', '.join(missing)} not in {prompts_file} (it has: {', '.join(known)})")
+            records = [r for r in records if r.category in wanted]
+        if limit:
+            records = records[:limit]
+        if not records:
+            raise UserError(f"{prompts_file}: no prompts left to run")
+
+        torch.manual_seed(seed)
+        loaded = load_with_progress(model, device, dtype)
+        tok = loaded.tokenizer
+        hot = open_matrix(loaded, k, matrix, cold, no_save) if "tr" in chosen else None
+        runners = {}
+        for name in chosen:
+            if name == "tr":
+                runners[name] = TokenRecycling(loaded.model, hot.matrix, tree_spec, loaded.eos_token_ids).run
+            else:
+                runners[name] = HFGenerate(loaded.model, loaded.eos_token_ids, prompt_lookup=name == "pld").run
+        env = environment(
+            model=loaded.model_id, device=str(loaded.device), device_name=device_name(loaded.device),
+            dtype=str(loaded.dtype).removeprefix("torch."), tree=f"{tree_spec.name} ({tree_spec.size} nodes)", k=k,
+            max_new_tokens=max_new_tokens, prompts_file=str(prompts_file), turns=turns, warmup=warmup, repeats=repeats,
+            matrix=hot.describe() if hot else "unused", matrix_updates_at_start=hot.start_update_count if hot else None,
+            methods=chosen,
+        )
+        if hot:
+            stderr.print(f"[dim]{hot.describe()}[/]")
+        try:
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=stderr, transient=True) as bar:
+                task = bar.add_task("warming up", total=len(records))
+
+                def progress(index: int, method: str, speedups: dict[str, float]) -> None:
+                    so_far = " ".join(f"{m} {s:.2f}×" for m, s in speedups.items())
+                    label = f"prompt {min(index + 1, len(records))}/{len(records)} · {method}" if method else "done"
+                    bar.update(task, completed=index, description=f"{label} · {so_far}" if so_far else label)
+
+                results = run_bench(
+                    runners, records,
+                    encode=lambda history, text: encode_conversation(tok, history, text),
+                    decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                    max_new_tokens=max_new_tokens, turns=turns, repeats=repeats, warmup=warmup, progress=progress,
+                )
+        finally:
+            if hot:
+                save_matrix(hot)
+        report = summarize(results, env)
+        if fmt == "table":
+            console = Console(file=output.open("w")) if output else Console(highlight=False)
+            console.print(to_rich_table(report))
+        else:
+            text = render(report, fmt)
+            if output:
+                output.write_text(text)
+            else:
+                typer.echo(text, nl=False)
+        if output:
+            stderr.print(f"report written to {output}")
