@@ -6,6 +6,7 @@ import typer
 
 from .. import __version__
 from .bench import bench
+from .chat import chat
 from .generate import generate
 from .matrix import app as matrix_app
 
@@ -31,6 +32,7 @@ def _root(
     """Token Recycling: faster greedy decoding for any transformers model, no training."""
 
 
+app.command()(chat)
 app.command()(generate)
 app.command()(bench)
 app.add_typer(matrix_app, name="matrix")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -45,6 +46,7 @@ def bench(
     k: int = KOpt,
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Use only the first N prompts (after --categories)."),
+    per_category: int | None = typer.Option(None, "--per-category", min=1, help="Use only the first N prompts of each category."),
     categories: str | None = typer.Option(None, "--categories", help="Comma-separated categories to keep."),
     turns: str = typer.Option("all", "--turns", help="1 (first turn only) or all (each next turn after the method's own answer)."),
     warmup: int = typer.Option(1, "--warmup", min=0, help="Prompts run first and not counted."),
@@ -82,6 +84,14 @@ def bench(
             if missing:
                 raise UserError(f"--categories: {', '.join(missing)} not in {prompts_file} (it has: {', '.join(known)})")
             records = [r for r in records if r.category in wanted]
+        if per_category:
+            counts: Counter[str] = Counter()
+            kept = []
+            for record in records:
+                counts[record.category] += 1
+                if counts[record.category] <= per_category:
+                    kept.append(record)
+            records = kept
         if limit:
             records = records[:limit]
         if not records:
