@@ -12,7 +12,7 @@ from tr_cli.bench.report import render
 from tr_cli.bench.runner import run_bench
 from tr_cli.cli import app
 from tr_cli.errors import UserError
-from tr_cli.prompts import PromptRecord, load_prompts, read_prompt_file
+from tr_cli.prompts import PromptRecord, load_prompts, read_prompt_file, select_prompts
 
 runner = CliRunner()
 
@@ -52,6 +52,15 @@ def test_bad_prompt_files_name_the_line(tmp_path, content, line, words):
     with pytest.raises(UserError) as info:
         read_prompt_file(path)
     assert f"{path}:{line}:" in str(info.value) and words in str(info.value)
+
+
+def test_select_prompts_filters_in_order():
+    records = [PromptRecord(str(i), cat, ("x",)) for i, cat in enumerate("aabbbca")]
+    assert [r.id for r in select_prompts(records, [], 1, None, "f")] == ["0", "2", "5"]
+    assert [r.id for r in select_prompts(records, ["a", "c"], None, None, "f")] == ["0", "1", "5", "6"]
+    assert [r.id for r in select_prompts(records, ["b"], 2, 1, "f")] == ["2"]
+    with pytest.raises(UserError, match="z not in f"):
+        select_prompts(records, ["z"], None, None, "f")
 
 
 # --- arithmetic on hand-made runs ------------------------------------------------------------

@@ -6,6 +6,7 @@ Errors name the file and line and say what was expected.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -79,3 +80,25 @@ def load_prompts(source: str | Path | None) -> list[PromptRecord]:
     if source is None or str(source) == SAMPLE:
         return sample_prompts()
     return read_prompt_file(Path(source))
+
+
+def select_prompts(
+    records: list[PromptRecord], categories: list[str], per_category: int | None, limit: int | None, source: str
+) -> list[PromptRecord]:
+    """Keep the given categories (all when empty), then the first `per_category` of each, then
+    the first `limit` overall."""
+    if categories:
+        known = sorted({r.category for r in records})
+        missing = [c for c in categories if c not in known]
+        if missing:
+            raise UserError(f"--categories: {', '.join(missing)} not in {source} (it has: {', '.join(known)})")
+        records = [r for r in records if r.category in categories]
+    if per_category:
+        seen: Counter[str] = Counter()
+        kept = []
+        for record in records:
+            seen[record.category] += 1
+            if seen[record.category] <= per_category:
+                kept.append(record)
+        records = kept
+    return records[:limit] if limit else records

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ from ..bench.report import FORMATS, device_name, environment, render, to_rich_ta
 from ..bench.runner import run_bench
 from ..core import resolve_tree
 from ..errors import UserError
-from ..prompts import SAMPLE, load_prompts
+from ..prompts import SAMPLE, load_prompts, select_prompts
 from ..text import encode_conversation
 from .common import (
     ColdOpt,
@@ -76,24 +75,7 @@ def bench(
             tree_spec = resolve_tree(tree)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-        records = load_prompts(prompts_file)
-        if categories:
-            wanted = _split(categories)
-            known = sorted({r.category for r in records})
-            missing = [c for c in wanted if c not in known]
-            if missing:
-                raise UserError(f"--categories: {', '.join(missing)} not in {prompts_file} (it has: {', '.join(known)})")
-            records = [r for r in records if r.category in wanted]
-        if per_category:
-            counts: Counter[str] = Counter()
-            kept = []
-            for record in records:
-                counts[record.category] += 1
-                if counts[record.category] <= per_category:
-                    kept.append(record)
-            records = kept
-        if limit:
-            records = records[:limit]
+        records = select_prompts(load_prompts(prompts_file), _split(categories or ""), per_category, limit, str(prompts_file))
         if not records:
             raise UserError(f"{prompts_file}: no prompts left to run")
 
