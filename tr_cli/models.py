@@ -54,10 +54,9 @@ class LoadedModel:
     @property
     def vocab_size(self) -> int:
         """Rows of the output embedding (the logits' size; may exceed len(tokenizer))."""
-        out = self.model.get_output_embeddings()
-        if out is not None and hasattr(out, "weight"):
-            return int(out.weight.shape[0])
-        return int(self.model.config.get_text_config(decoder=True).vocab_size)
+        from .core.matrix import output_vocab_size
+
+        return output_vocab_size(self.model)
 
     @property
     def eos_token_ids(self) -> list[int]:

@@ -17,7 +17,7 @@ import torch
 from .attention import AttentionLayout, causal_visibility
 from .draft import draft_tree
 from .kv_cache import CompactingCache
-from .matrix import DEFAULT_K, new_matrix, top_candidates, update_rows
+from .matrix import DEFAULT_K, new_matrix, output_vocab_size, top_candidates, update_rows
 from .stopping import StopCondition
 from .tree import PRESETS, TreeBuffers, TreeSpec
 from .verify import greedy_accept
@@ -106,14 +106,6 @@ def _cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _vocab_size(model: torch.nn.Module) -> int:
-    """Rows of the output embedding: the size of the logits, which may exceed len(tokenizer)."""
-    out = model.get_output_embeddings()
-    if out is not None and hasattr(out, "weight"):
-        return int(out.weight.shape[0])
-    return int(model.config.get_text_config(decoder=True).vocab_size)
-
-
 class TokenRecyclingDecoder:
     """Holds one conversation's state: KV cache, the pending token and the shared matrix.
 
@@ -131,7 +123,7 @@ class TokenRecyclingDecoder:
     ) -> None:
         self.model = model
         self.device = model.get_input_embeddings().weight.device
-        self.vocab_size = _vocab_size(model)
+        self.vocab_size = output_vocab_size(model)
         if matrix is None:
             matrix = new_matrix(self.vocab_size, k, self.device)
         if matrix.shape[0] != self.vocab_size:

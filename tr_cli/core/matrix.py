@@ -7,6 +7,14 @@ import torch
 DEFAULT_K = 8
 
 
+def output_vocab_size(model: torch.nn.Module) -> int:
+    """Matrix rows: the output embedding's rows (the logits' size), which may exceed len(tokenizer)."""
+    out = model.get_output_embeddings()
+    if out is not None and hasattr(out, "weight"):
+        return int(out.weight.shape[0])
+    return int(model.config.get_text_config(decoder=True).vocab_size)
+
+
 def new_matrix(vocab_size: int, k: int = DEFAULT_K, device: torch.device | str = "cpu") -> torch.Tensor:
     """An empty (all-zero) |V|×k matrix. int32 holds any real vocabulary and indexes directly."""
     if vocab_size <= 0 or k <= 0:
