@@ -111,3 +111,13 @@ def test_prompt_from_stdin(smollm2_checkpoint):
     out = run("generate", "--dtype", "float32", "-n", "8", "-p", "-", stdin="Say hello.")
     assert out.returncode == 0, out.stderr
     assert "Say hello." in out.stderr and out.stdout.strip()
+
+
+def test_error_text_is_not_read_as_markup():
+    from typer.testing import CliRunner
+
+    from tr_cli.cli import app
+
+    out = CliRunner().invoke(app, ["generate", "/nope/[bold]x[/bold].gguf", "-p", "hi"], env={"NO_COLOR": "1", "COLUMNS": "200"})
+    assert out.exit_code == 1
+    assert "model /nope/[bold]x[/bold].gguf: no such file" in out.output

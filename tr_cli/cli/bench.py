@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 import typer
+from rich.markup import escape
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -97,7 +98,7 @@ def bench(
             methods=chosen,
         )
         if hot:
-            stderr.print(f"[dim]{hot.describe()}[/]")
+            stderr.print(f"[dim]{escape(hot.describe())}[/]")
         try:
             with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                           console=stderr, transient=True) as bar:
@@ -128,4 +129,4 @@ def bench(
             else:
                 typer.echo(text, nl=False)
         if output:
-            stderr.print(f"report written to {output}")
+            stderr.print(f"report written to {escape(str(output))}")

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.console import Console
 
 from ..completion import complete_model
@@ -39,7 +40,7 @@ NoSaveOpt = typer.Option(False, "--no-save", help="Do not write the matrix back 
 
 def fail(message: str) -> typer.Exit:
     """Print one line to stderr; the caller raises the returned Exit (code 1)."""
-    stderr.print(f"[bold red]tr: error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+    stderr.print(f"[bold red]tr: error:[/] {escape(message)}", markup=True, highlight=False, soft_wrap=True)
     return typer.Exit(1)
 
 
@@ -58,7 +59,7 @@ def user_errors() -> Iterator[None]:
 def load_with_progress(model: str | None, device: str, dtype: str) -> LoadedModel:
     """Load the model while a spinner on stderr says what is happening."""
     if not sys.stderr.isatty():
-        return load_model(model, device, dtype, status=lambda message: stderr.print(f"[dim]{message}…[/]"))
+        return load_model(model, device, dtype, status=lambda message: stderr.print(f"[dim]{escape(message)}…[/]"))
     with stderr.status("Resolving model…") as spinner:
         return load_model(model, device, dtype, status=lambda message: spinner.update(f"{message}…"))
 
@@ -76,7 +77,7 @@ def save_matrix(hot: HotMatrix) -> None:
     try:
         rows = hot.save()
     except (OSError, UserError) as exc:
-        stderr.print(f"[yellow]tr: warning:[/] could not save the matrix to {hot.path}: {exc}")
+        stderr.print(f"[yellow]tr: warning:[/] could not save the matrix to {escape(f'{hot.path}: {exc}')}")
         return
     if rows:
-        stderr.print(f"[dim]matrix: {rows:,} rows saved to {hot.path}[/]")
+        stderr.print(f"[dim]matrix: {rows:,} rows saved to {escape(str(hot.path))}[/]")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 import typer
+from rich.markup import escape
 
 from ..core import GenerationStats, StopCondition, TokenRecyclingDecoder, resolve_tree
 from ..prompts import sample_prompts
@@ -68,9 +69,9 @@ def generate(
         hot = open_matrix(loaded, k, matrix, cold, no_save)
         decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, tree=tree_spec)
 
-        stderr.print(f"[dim]{loaded.model_id} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · tree {tree_spec.name} ({tree_spec.size} nodes) · {torch.get_num_threads()} threads[/]")
-        stderr.print(f"[dim]{hot.describe()}[/]")
-        stderr.print(f"[bold]Prompt:[/] {prompt.strip()}", markup=True, highlight=False)
+        stderr.print(f"[dim]{escape(loaded.model_id)} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · tree {tree_spec.name} ({tree_spec.size} nodes) · {torch.get_num_threads()} threads[/]")
+        stderr.print(f"[dim]{escape(hot.describe())}[/]")
+        stderr.print(f"[bold]Prompt:[/] {escape(prompt.strip())}", markup=True, highlight=False)
         text = IncrementalDecoder(loaded.tokenizer)
         tokens: list[int] = []
         stats = GenerationStats(prompt_tokens=len(input_ids))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 import typer
+from rich.markup import escape
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
@@ -87,7 +88,7 @@ def init(
         data.meta = with_changes(data.meta, update_count=int(filled.sum()))
         with locked(path):
             write_matrix(path, data)
-        stderr.print(f"matrix: {int(filled.sum()):,} of {loaded.vocab_size:,} rows filled from {total:,} tokens → {path}")
+        stderr.print(f"matrix: {int(filled.sum()):,} of {loaded.vocab_size:,} rows filled from {total:,} tokens → {escape(str(path))}")
 
 
 def _summary(path: Path) -> str:
@@ -217,7 +218,7 @@ def export(
                 data = copy_matrix_file(path, output)
             except MatrixFileError as exc:
                 raise UserError(f"{exc}; the stored matrix is damaged, rebuild it with tr matrix init --force") from None
-        stderr.print(f"exported {path.name} ({data.rows_filled:,} rows filled) → {output}")
+        stderr.print(f"exported {escape(path.name)} ({data.rows_filled:,} rows filled) → {escape(str(output))}")
 
 
 @app.command(name="import")
@@ -255,7 +256,7 @@ def import_(
                 result = current.merged_with(incoming)
                 how = "merged"
             write_matrix(path, result)
-        stderr.print(f"{how}: {source} → {path} ({result.rows_filled:,} rows filled)")
+        stderr.print(f"{how}: {escape(source)} → {escape(str(path))} ({result.rows_filled:,} rows filled)")
 
 
 def _model_and_file(values: list[str], name: str) -> tuple[str | None, str]:
