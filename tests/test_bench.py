@@ -157,6 +157,18 @@ def test_bench_tiny_model_end_to_end(tiny_llama_dir, tmp_path):
     assert env["model"] == str(tiny_llama_dir) and env["dtype"] == "float32"
 
 
+def test_table_report_is_not_squeezed_when_piped(tiny_llama_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("COLUMNS")  # a pipe: no terminal width to go by
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"category": "category_{i}", "prompt": "Say {i}."}}\n' for i in range(6)))
+    out = runner.invoke(app, ["bench", str(prompts), "--model", str(tiny_llama_dir), "--dtype", "float32", "-n", "4",
+                              "--warmup", "0", "--methods", "baseline,tr"])
+    assert out.exit_code == 0, out.output
+    header = next(line for line in out.stdout.splitlines() if "method" in line)
+    for name in [f"category_{i}" for i in range(6)] + ["MAT", "tok/s", "speedup", "identical"]:
+        assert name in header
+
+
 def test_bench_smollm2_two_prompts(smollm2_checkpoint):
     out = runner.invoke(app, ["bench", "--dtype", "float32", "--limit", "2", "-n", "16", "--turns", "1",
                               "--methods", "baseline,tr", "--format", "md", "--warmup", "0"])

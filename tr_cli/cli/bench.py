@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -120,8 +121,13 @@ def bench(
                 save_matrix(hot)
         report = summarize(results, env)
         if fmt == "table":
-            console = Console(file=output.open("w")) if output else Console(highlight=False)
-            console.print(to_rich_table(report))
+            # A pipe or file has no width: give the table room instead of Rich's 80 columns.
+            if output:
+                with output.open("w") as f:
+                    Console(file=f, width=220, highlight=False).print(to_rich_table(report))
+            else:
+                wide = None if sys.stdout.isatty() else 220
+                Console(highlight=False, width=wide).print(to_rich_table(report))
         else:
             text = render(report, fmt)
             if output:
