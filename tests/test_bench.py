@@ -126,6 +126,7 @@ def test_next_turn_follows_the_methods_own_answer():
     (["--categories", "poetry"], "poetry not in"),
     (["--format", "xml"], "--format xml"),
     (["--turns", "2"], "--turns 2"),
+    (["--k", "4"], "uses candidate slot 7"),
 ])
 def test_bad_input_is_one_line_error(args, words):
     out = runner.invoke(app, ["bench", *args])

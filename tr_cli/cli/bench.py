@@ -15,7 +15,6 @@ from ..bench.methods import METHODS, HFGenerate, TokenRecycling
 from ..bench.metrics import summarize
 from ..bench.report import FORMATS, device_name, environment, render, to_rich_table
 from ..bench.runner import run_bench
-from ..core import resolve_tree
 from ..errors import UserError
 from ..prompts import SAMPLE, load_prompts, select_prompts
 from ..text import encode_conversation
@@ -30,6 +29,7 @@ from .common import (
     load_with_progress,
     open_matrix,
     save_matrix,
+    tree_option,
     stderr,
     user_errors,
 )
@@ -73,10 +73,7 @@ def bench(
             raise UserError(f"--turns {turns}: use 1 or all")
         if output is not None and not output.parent.is_dir():
             raise UserError(f"--output {output}: directory {output.parent} does not exist")
-        try:
-            tree_spec = resolve_tree(tree)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        tree_spec = tree_option(tree, k)
         records = select_prompts(load_prompts(prompts_file), _split(categories or ""), per_category, limit, str(prompts_file))
         if not records:
             raise UserError(f"{prompts_file}: no prompts left to run")

@@ -34,7 +34,7 @@ from ..chat_session import (
     help_lines,
     parse_command,
 )
-from ..core import StepEvent, TokenRecyclingDecoder, resolve_tree
+from ..core import StepEvent, TokenRecyclingDecoder
 from ..core.matrix import rows_filled
 from ..errors import UserError
 from ..paths import data_dir
@@ -53,6 +53,7 @@ from .common import (
     fail,
     load_with_progress,
     open_matrix,
+    tree_option,
     user_errors,
 )
 
@@ -429,12 +430,7 @@ def chat(
     with user_errors():
         if live not in LIVE_MODES:
             raise fail(f"--live {live}: use one of {', '.join(LIVE_MODES)}")
-        try:
-            tree_spec = resolve_tree(tree)
-        except ValueError as exc:
-            raise fail(str(exc)) from None
-        if tree_spec.max_slot >= k:
-            raise fail(f"--k {k}: tree {tree_spec.name} uses candidate slot {tree_spec.max_slot}; use --k {tree_spec.max_slot + 1} or more")
+        tree_spec = tree_option(tree, k)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         messages: list[str] | None = None
         if not interactive:

@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.console import Console
 
 from ..completion import complete_model
+from ..core import TreeSpec, resolve_tree
 from ..errors import UserError
 from ..hot_matrix import HotMatrix
 from ..models import DEFAULT_MODEL, LoadedModel, load_model
@@ -61,7 +62,18 @@ def load_with_progress(model: str | None, device: str, dtype: str) -> LoadedMode
     if not sys.stderr.isatty():
         return load_model(model, device, dtype, status=lambda message: stderr.print(f"[dim]{escape(message)}…[/]"))
     with stderr.status("Resolving model…") as spinner:
-        return load_model(model, device, dtype, status=lambda message: spinner.update(f"{message}…"))
+        return load_model(model, device, dtype, status=lambda message: spinner.update(f"{escape(message)}…"))
+
+
+def tree_option(tree: str, k: int) -> TreeSpec:
+    """--tree resolved and checked against --k, before any model loads."""
+    try:
+        spec = resolve_tree(tree)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if spec.max_slot >= k:
+        raise UserError(f"--k {k}: tree {spec.name} uses candidate slot {spec.max_slot}; use --k {spec.max_slot + 1} or more")
+    return spec
 
 
 def open_matrix(loaded: LoadedModel, k: int, path: Path | None, cold: bool, no_save: bool) -> HotMatrix:

@@ -10,7 +10,7 @@ import torch
 import typer
 from rich.markup import escape
 
-from ..core import GenerationStats, StopCondition, TokenRecyclingDecoder, resolve_tree
+from ..core import GenerationStats, StopCondition, TokenRecyclingDecoder
 from ..prompts import sample_prompts
 from ..text import IncrementalDecoder, encode_prompt
 from .common import (
@@ -26,6 +26,7 @@ from .common import (
     load_with_progress,
     open_matrix,
     save_matrix,
+    tree_option,
     stderr,
     user_errors,
 )
@@ -47,12 +48,7 @@ def generate(
 ) -> None:
     """Generate a reply to one prompt with Token Recycling and print its stats."""
     with user_errors():
-        try:
-            tree_spec = resolve_tree(tree)
-        except ValueError as exc:
-            raise fail(str(exc)) from None
-        if tree_spec.max_slot >= k:
-            raise fail(f"--k {k}: tree {tree_spec.name} uses candidate slot {tree_spec.max_slot}; use --k {tree_spec.max_slot + 1} or more")
+        tree_spec = tree_option(tree, k)
         if prompt == "-":
             prompt = sys.stdin.read()
         if prompt is None:

@@ -6,7 +6,6 @@ import json
 from dataclasses import replace as with_changes
 from pathlib import Path
 
-import torch
 import typer
 from rich.markup import escape
 from rich.console import Console
