@@ -75,3 +75,41 @@ def test_second_turn_continues_from_cache(model):
     continued = decoder.generate(second, StopCondition.build(25, [EOS])).tokens
     assert continued == reference(model, first + reply + second, 25)
     assert decoder.tokens == first + reply + second + continued
+
+
+def designed_run(model, prompts_seed: int = 200):
+    """Decode repetitive prompts with a designed tree (redesigned every 3 steps) and a lookup chain;
+    return (tokens, reference) pairs and the events."""
+    from tr_cli.core.cost_model import CostModel
+
+    cost = CostModel((1, 8, 32, 64), (0.010, 0.011, 0.014, 0.030))
+    decoder = TokenRecyclingDecoder(model, cost=cost, lookup_length=6)
+    decoder.auto.every = 3
+    pairs, events = [], []
+    for seed, (length, budget) in enumerate(CASES):
+        part = random_prompt(max(length // 3, 3), prompts_seed + seed)
+        ids = (part * 6)[: length + 6]
+        decoder.reset()
+        result = decoder.generate(ids, StopCondition.build(budget, [EOS]), keep_events=True)
+        pairs.append((result.tokens, reference(model, ids, budget)))
+        events.extend(result.events[1:])
+    return pairs, events
+
+
+def test_designed_tree_with_lookup_chain_matches_generate(model):
+    """--tree auto: a tree designed from a cost model, redesigned mid-generation, plus the prompt
+    lookup chain (prompts repeat themselves, so there are proposals)."""
+    pairs, events = designed_run(model)
+    for got, want in pairs:
+        assert got == want
+    assert any(e.tree.lookup_length for e in events), "no step carried a lookup chain"
+    assert len({e.tree.without_lookup() for e in events}) >= 2, "the tree was never redesigned"
+
+
+def test_lookup_chain_tokens_get_accepted():
+    """On a model that repeats itself the chain's drafts are accepted (and output stays exact)."""
+    from tr_cli.core.tree import LOOKUP
+
+    pairs, events = designed_run(tiny_model("llama"))
+    assert all(got == want for got, want in pairs)
+    assert sum(e.tree.slots[n] == LOOKUP for e in events for n in e.accepted_nodes) > 0

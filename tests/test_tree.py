@@ -184,7 +184,10 @@ def test_from_child_counts_matches_paths():
         ((-1, 0, 1, 0), (0, 0, 0, 1)),  # depth 1 node after a depth 2 node
         ((-1, 1), (0, 0)),  # node is its own parent
         ((0, 0), (0, 0)),  # root with a parent
-        ((-1, 0), (0, -1)),  # negative slot
+        ((-1, 0), (0, -2)),  # negative slot (-1 is the lookup chain)
+        ((-1, 0, 0), (0, -1, 0)),  # matrix node after the lookup chain
+        ((-1, 0, 0), (0, -1, -1)),  # lookup nodes not in one chain
+        ((-1, 0, 1), (0, -1, 0)),  # matrix node under a lookup node
         ((-1,), (0,)),  # root only: nothing to draft
         ((), ()),  # no root at all
     ],

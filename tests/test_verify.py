@@ -183,3 +183,19 @@ def test_random_against_reference(seed):
         prev = node
     assert acc.tokens == [tok[i] for i in acc.nodes]
     assert acc.bonus == argmax[prev]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("scale", [0.01, 1.0, 4.0])
+def test_argmax_from_top_k_equals_argmax_even_with_ties(dtype, scale):
+    """Rounded logits tie a lot (bf16 more so); the first index among equal maxima must win, as in
+    `argmax`, or greedy output would differ from `generate`."""
+    from tr_cli.core.verify import TopCandidates
+
+    g = torch.Generator().manual_seed(int(scale * 100))
+    logits = (torch.randn(81, 3000, generator=g) * scale).round().to(dtype)
+    logits[3] = 0  # every entry tied: more ties than k
+    logits[4, :20] = 50  # 20 tied maxima
+    for k in (1, 2, 8):
+        top = TopCandidates.of(logits, k)
+        assert torch.equal(top.argmax(logits), logits.argmax(dim=-1))

@@ -149,17 +149,17 @@ def write_matrix(path: Path, data: MatrixFile) -> None:
     from safetensors.torch import save
 
     payload = save({_MATRIX: data.matrix.contiguous(), _STAMPS: data.stamps.contiguous()}, metadata=data.meta.to_strings())
-    _atomic_write(Path(path), payload)
+    atomic_write(Path(path), payload)
 
 
 def copy_matrix_file(source: Path, target: Path) -> MatrixFile:
     """Validate `source`, then write its exact bytes to `target` atomically."""
     data = read_matrix(source)
-    _atomic_write(Path(target), Path(source).read_bytes())
+    atomic_write(Path(target), Path(source).read_bytes())
     return data
 
 
-def _atomic_write(path: Path, payload: bytes) -> None:
+def atomic_write(path: Path, payload: bytes) -> None:
     """Temp file in the same directory, fsync, rename over the target, fsync the directory:
     readers see the old file or the new one, never a partial write."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,10 @@
 """The Token Recycling decode loop, as a generator of step events.
 
-Per step: draft a tree from the matrix (retrieve) -> verify it in one forward pass -> accept the
-longest greedy path -> update the matrix from every node's logits -> keep only the accepted path
-in the KV cache. Chat, the live view and bench all consume the same events.
+Per step: draft a tree from the matrix (retrieve), plus a prompt-lookup chain when the context's
+tail occurred before -> verify it in one forward pass -> accept the longest greedy path -> update
+the matrix from every node's logits -> keep only the accepted path in the KV cache. With a cost
+model the tree is designed for this device and redesigned as acceptance statistics come in.
+Chat, the live view and bench all consume the same events.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .acceptance_stats import AcceptanceStats
 from .attention import AttentionLayout, causal_visibility
+from .cost_model import CALIBRATION_SIZES, CostModel, calibrate
 from .draft import draft_tree
 from .kv_cache import CompactingCache
+from .lookup import PromptLookup
 from .matrix import DEFAULT_K, new_matrix, output_vocab_size, top_candidates, update_rows
 from .stopping import StopCondition
 from .tree import PRESETS, TreeBuffers, TreeSpec
-from .verify import greedy_accept
+from .tree_design import AutoTree
+from .verify import TopCandidates, greedy_accept
 
 PREFILL_CHUNK = 512
 
@@ -120,7 +126,14 @@ class TokenRecyclingDecoder:
         tree: TreeSpec | None = None,
         k: int = DEFAULT_K,
         seed_from_prompt: bool = True,
+        *,
+        cost: CostModel | None = None,
+        stats: AcceptanceStats | None = None,
+        lookup_length: int = 0,
     ) -> None:
+        """`tree` fixes the draft tree; without it, a `cost` model lets the decoder design (and keep
+        redesigning) the tree for this device from `stats`; with neither, the paper's tree.
+        `lookup_length` > 0 adds a prompt-lookup chain of that many nodes whenever one matches."""
         self.model = model
         self.device = model.get_input_embeddings().weight.device
         self.vocab_size = output_vocab_size(model)
@@ -130,10 +143,17 @@ class TokenRecyclingDecoder:
             raise ValueError(f"matrix has {matrix.shape[0]} rows but the model's vocabulary has {self.vocab_size}")
         self.matrix = matrix.to(self.device)
         self.k = self.matrix.shape[1]
-        self.tree = tree or PRESETS["paper"]
+        self.stats = stats if stats is not None else AcceptanceStats(self.k, self.device)
+        if stats is not None and stats.k != self.k:
+            raise ValueError(f"acceptance statistics are for k={stats.k} but the matrix has k={self.k}")
+        if lookup_length < 0:
+            raise ValueError(f"lookup_length must be 0 or more, got {lookup_length}")
+        self.lookup_length = lookup_length
+        self.auto = AutoTree(self.stats, cost, self.k, extra_nodes=lookup_length) if tree is None and cost else None
+        self.tree = self.auto.spec if self.auto else tree or PRESETS["paper"]
         if self.tree.max_slot >= self.k:
             raise ValueError(f"tree {self.tree.name} uses candidate slot {self.tree.max_slot} but k={self.k}")
-        self.buffers = TreeBuffers.build(self.tree, self.device)
+        self._buffers: dict[TreeSpec, TreeBuffers] = {}
         dtype = next(model.parameters()).dtype
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
         self.seed_from_prompt = seed_from_prompt
@@ -145,10 +165,32 @@ class TokenRecyclingDecoder:
         self.cache = CompactingCache()
         self.pending: int | None = None
         self.tokens: list[int] = []
+        self.lookup = PromptLookup()
 
     @property
     def cached_length(self) -> int:
         return self.cache.length
+
+    @property
+    def max_depth(self) -> int:
+        """How far past the cache a step's positions can reach (tree depth or lookup chain)."""
+        depth = self.auto.max_depth if self.auto else self.tree.depth
+        return max(depth, self.lookup_length)
+
+    def buffers_for(self, spec: TreeSpec) -> TreeBuffers:
+        """Buffers are built once per tree spec (a designed tree changes rarely)."""
+        buffers = self._buffers.get(spec)
+        if buffers is None:
+            buffers = self._buffers[spec] = TreeBuffers.build(spec, self.device)
+        return buffers
+
+    @property
+    def buffers(self) -> TreeBuffers:
+        return self.buffers_for(self.tree)
+
+    def _append(self, tokens: list[int]) -> None:
+        self.tokens.extend(tokens)
+        self.lookup.extend(tokens)
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
         mask = self.layout.build(self.cache.length, positions, visible)
@@ -182,19 +224,53 @@ class TokenRecyclingDecoder:
         return first, StepTimings(forward=total - update, update=update)
 
     @torch.inference_mode()
-    def _step(self) -> tuple[torch.Tensor, list[int], list[int], int, StepTimings]:
+    def _step(self) -> tuple[torch.Tensor, TreeSpec, list[int], list[int], int, StepTimings]:
         t0 = time.perf_counter()
-        tokens = draft_tree(self.matrix, self.pending, self.buffers)
-        positions = self.buffers.depths + self.cache.length
+        proposal = self.lookup.propose(self.lookup_length) if self.lookup_length else []
+        spec = self.tree.with_lookup(self.lookup_length) if proposal else self.tree
+        buffers = self.buffers_for(spec)
+        tokens = draft_tree(self.matrix, self.pending, buffers, proposal)
+        positions = buffers.depths + self.cache.length
         t1 = time.perf_counter()
-        logits = self._forward(tokens, positions, self.buffers.ancestor_mask)
+        logits = self._forward(tokens, positions, buffers.ancestor_mask)
         t2 = time.perf_counter()
-        acceptance = greedy_accept(tokens, logits, self.buffers)
+        top = TopCandidates.of(logits, self.k)
+        acceptance = greedy_accept(tokens, logits, buffers, top.argmax(logits))
         t3 = time.perf_counter()
-        update_rows(self.matrix, tokens, top_candidates(logits, self.k))
+        update_rows(self.matrix, tokens, top.indices.to(torch.int32))
+        self.stats.record(buffers, acceptance.correct)
+        if self.auto is not None:
+            self.tree = self.auto.after_step()
         t4 = time.perf_counter()
         timings = StepTimings(draft=t1 - t0, forward=t2 - t1, verify=t3 - t2, update=t4 - t3)
-        return tokens, acceptance.nodes, acceptance.tokens, acceptance.bonus, timings
+        return tokens, spec, acceptance.nodes, acceptance.tokens, acceptance.bonus, timings
+
+    def use_cost_model(self, cost: CostModel) -> None:
+        """Switch to a tree designed for this cost model (and redesigned as statistics come in)."""
+        self.auto = AutoTree(self.stats, cost, self.k, extra_nodes=self.lookup_length)
+        self.tree = self.auto.spec
+
+    @torch.inference_mode()
+    def measure_cost(self, sizes: tuple[int, ...] = CALIBRATION_SIZES, context: int = 256, repeats: int = 3) -> CostModel:
+        """Calibrate t(N): time forwards of N tokens (plus verification's top-k) over a scratch
+        cache of `context` random tokens. The conversation's own cache is left untouched."""
+        saved = self.cache
+        self.cache = CompactingCache()
+        try:
+            g = torch.Generator().manual_seed(0)
+            ids = torch.randint(0, self.vocab_size, (context + max(sizes),), generator=g).to(self.device)
+            self._forward(ids[:context], torch.arange(context, device=self.device), causal_visibility(context, self.device))
+
+            def run_step(n: int) -> None:
+                positions = torch.arange(context, context + n, device=self.device)
+                logits = self._forward(ids[context : context + n], positions, causal_visibility(n, self.device))
+                top = TopCandidates.of(logits, self.k)
+                top.argmax(logits).cpu()  # waits for the device
+                self.cache.crop(context)
+
+            return calibrate(run_step, sizes, repeats)
+        finally:
+            self.cache = saved
 
     @torch.inference_mode()
     def _keep_path(self, root_at: int, nodes: list[int]) -> None:
@@ -207,21 +283,21 @@ class TokenRecyclingDecoder:
         if not input_ids and self.pending is None:
             raise ValueError("nothing to continue from: give input tokens")
         feed = ([self.pending] if self.pending is not None else []) + list(input_ids)
-        self.tokens.extend(input_ids)
+        self._append(list(input_ids))
         generated: list[int] = []
 
         first, timings = self._prefill(feed)
         self.pending = first
         keep, reason = stop.cut(generated, [first])
         generated.append(first)
-        self.tokens.append(first)
+        self._append([first])
         yield StepEvent(0, None, None, [], [], first, [first], timings, reason)
 
         step = 0
         while reason is None:
             step += 1
             root_at = self.cache.length
-            tokens, nodes, accepted, bonus, timings = self._step()
+            tokens, spec, nodes, accepted, bonus, timings = self._step()
             emitted = accepted + [bonus]
             keep, reason = stop.cut(generated, emitted)
             emitted = emitted[:keep]
@@ -230,11 +306,11 @@ class TokenRecyclingDecoder:
             compact = time.perf_counter() - t0
             self.pending = emitted[-1]
             generated.extend(emitted)
-            self.tokens.extend(emitted)
+            self._append(emitted)
             timings = StepTimings(timings.draft, timings.forward, timings.verify, timings.update + compact)
             bonus_emitted = bonus if keep > len(accepted) else None
             yield StepEvent(
-                step, tokens.cpu(), self.tree, nodes[:keep], accepted[:keep], bonus_emitted, emitted, timings, reason
+                step, tokens.cpu(), spec, nodes[:keep], accepted[:keep], bonus_emitted, emitted, timings, reason
             )
 
     def generate(self, input_ids: list[int], stop: StopCondition, keep_events: bool = False) -> GenerationResult:

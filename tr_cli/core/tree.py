@@ -2,8 +2,12 @@
 
 A tree has a root (node 0, the last emitted token, not yet in the KV cache) and n draft nodes.
 Node i > 0 has a parent p < i and a slot s: its token is candidate s in the matrix row of its
-parent's token. Nodes are stored level by level (BFS order), which lets drafting gather a whole
-level at once and makes the verification input a plain sequence.
+parent's token. Matrix nodes are stored level by level (BFS order), which lets drafting gather a
+whole level at once and makes the verification input a plain sequence.
+
+A tree may end with a lookup chain (slot LOOKUP): a single path under the root whose tokens come
+from prompt lookup (the continuation of an earlier occurrence of the context's last n-gram)
+instead of the matrix. It follows all matrix nodes, so the matrix levels stay contiguous.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from functools import cached_property
 from pathlib import Path
 
 import torch
+
+LOOKUP = -1  # slot of a lookup-chain node: its token comes from prompt lookup, not the matrix
 
 
 @dataclass(frozen=True)
@@ -34,19 +40,30 @@ class TreeSpec:
         seen: set[tuple[int, int]] = set()
         prev_depth = 0
         depths = [0]
+        in_chain = False
         for i in range(1, len(self.parents)):
             p, s = self.parents[i], self.slots[i]
             if not 0 <= p < i:
                 raise ValueError(f"tree spec: node {i} has parent {p}; parents must come before children")
+            depth = depths[p] + 1
+            depths.append(depth)
+            if s == LOOKUP:
+                # The chain: after every matrix node, a single path hanging from the root.
+                if p != (0 if not in_chain else i - 1):
+                    raise ValueError(f"tree spec: lookup node {i} must continue the lookup chain from the root")
+                in_chain = True
+                continue
+            if in_chain:
+                raise ValueError(f"tree spec: matrix node {i} comes after the lookup chain")
             if s < 0:
                 raise ValueError(f"tree spec: node {i} has negative slot {s}")
+            if p > 0 and self.slots[p] == LOOKUP:
+                raise ValueError(f"tree spec: matrix node {i} hangs under a lookup node")
             if (p, s) in seen:
                 raise ValueError(f"tree spec: node {i} repeats slot {s} under parent {p}")
             seen.add((p, s))
-            depth = depths[p] + 1
             if depth < prev_depth:
                 raise ValueError(f"tree spec: node {i} breaks level order (depth {depth} after {prev_depth})")
-            depths.append(depth)
             prev_depth = depth
 
     @classmethod
@@ -98,6 +115,32 @@ class TreeSpec:
         """Number of draft nodes (excluding the root)."""
         return len(self.parents) - 1
 
+    @property
+    def lookup_length(self) -> int:
+        """Nodes in the lookup chain (0 when the tree has none)."""
+        return self.slots.count(LOOKUP)
+
+    @property
+    def matrix_size(self) -> int:
+        """Draft nodes that come from the matrix."""
+        return self.size - self.lookup_length
+
+    def with_lookup(self, length: int) -> "TreeSpec":
+        """This tree plus a lookup chain of `length` nodes under the root."""
+        if self.lookup_length:
+            raise ValueError(f"tree spec {self.name} already has a lookup chain")
+        if length <= 0:
+            return self
+        first = len(self.parents)
+        parents = self.parents + (0,) + tuple(range(first, first + length - 1))
+        return TreeSpec(f"{self.name}+lookup{length}", parents, self.slots + (LOOKUP,) * length)
+
+    def without_lookup(self) -> "TreeSpec":
+        """The matrix part of the tree."""
+        n = len(self.parents) - self.lookup_length
+        name = self.name.rsplit("+lookup", 1)[0]
+        return TreeSpec(name, self.parents[:n], self.slots[:n]) if self.lookup_length else self
+
     @cached_property
     def depths(self) -> tuple[int, ...]:
         depths = [0]
@@ -118,9 +161,9 @@ class TreeSpec:
         return [self.depths.count(d) for d in range(1, self.depth + 1)]
 
     def paths(self) -> list[list[int]]:
-        """Root-to-node slot paths, the inverse of from_paths."""
+        """Root-to-node slot paths of the matrix nodes, the inverse of from_paths."""
         out: list[list[int]] = [[]]
-        for i in range(1, len(self.parents)):
+        for i in range(1, len(self.parents) - self.lookup_length):
             out.append(out[self.parents[i]] + [self.slots[i]])
         return out[1:]
 
@@ -162,8 +205,10 @@ class TreeBuffers:
     parents: torch.Tensor  # (n+1,) long: parent node index, root points to itself
     slots: torch.Tensor  # (n+1,) long
     ancestor_mask: torch.Tensor  # (n+1, n+1) bool: [i, j] = j is i or an ancestor of i
-    level_slices: tuple[tuple[int, int], ...]  # node index ranges [start, end) per depth 1..D
+    level_slices: tuple[tuple[int, int], ...]  # matrix node index ranges [start, end) per depth
     leaf_paths: torch.Tensor  # (leaves, D) long: root-to-leaf node indices, padded with n+1
+    lookup_slice: tuple[int, int]  # node index range of the lookup chain (empty when none)
+    matrix_nodes: torch.Tensor  # (m,) long: indices of the matrix draft nodes
 
     @classmethod
     def build(cls, spec: TreeSpec, device: torch.device | str = "cpu") -> "TreeBuffers":
@@ -177,10 +222,12 @@ class TreeBuffers:
                 j = parents[j]
                 anc[i, j] = True
         depths = spec.depths
+        m1 = n1 - spec.lookup_length
         levels = []
         for d in range(1, spec.depth + 1):
-            idx = [i for i in range(n1) if depths[i] == d]
-            levels.append((idx[0], idx[-1] + 1))
+            idx = [i for i in range(1, m1) if depths[i] == d]
+            if idx:
+                levels.append((idx[0], idx[-1] + 1))
         has_child = set(parents[1:])
         leaves = [i for i in range(1, n1) if i not in has_child]
         pad = n1  # an index past the end, whose "correct" flag is always False
@@ -202,9 +249,15 @@ class TreeBuffers:
             ancestor_mask=anc.to(device),
             level_slices=tuple(levels),
             leaf_paths=leaf_paths.to(device),
+            lookup_slice=(m1, n1),
+            matrix_nodes=torch.arange(1, m1, dtype=torch.long, device=device),
         )
 
     @property
     def size(self) -> int:
         """Tokens per verification forward: root + draft nodes."""
         return self.spec.size + 1
+
+    @property
+    def depth(self) -> int:
+        return self.spec.depth

@@ -16,24 +16,64 @@ class Acceptance:
     nodes: list[int]  # tree node indices, excluding the root
     tokens: list[int]  # their tokens
     bonus: int  # the model's next token after the accepted path
+    correct: torch.Tensor | None = None  # (n+1,) bool on the device: node equals its parent's choice
 
     @property
     def emitted(self) -> list[int]:
         return self.tokens + [self.bonus]
 
 
-def greedy_accept(tree_tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffers) -> Acceptance:
+@dataclass(frozen=True)
+class TopCandidates:
+    """One top-k over every node's logits, shared by verification (argmax) and the matrix update."""
+
+    values: torch.Tensor  # (n+1, k) best first
+    indices: torch.Tensor  # (n+1, k) long
+
+    @classmethod
+    def of(cls, logits: torch.Tensor, k: int) -> "TopCandidates":
+        values, indices = torch.topk(logits, k, dim=-1, sorted=True)
+        return cls(values, indices)
+
+    def argmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """Exactly `logits.argmax(-1)` (first index among equal maxima), from the top-k.
+
+        topk may order tied values arbitrarily, so among the entries equal to the maximum the
+        smallest index wins. Only when all k entries tie (more ties may lie beyond k) does a row
+        fall back to a full argmax; that costs a host check, which is free on the CPU.
+        """
+        best = self.values[:, :1]
+        tied = self.values == best
+        big = torch.iinfo(torch.long).max
+        first = torch.where(tied, self.indices, torch.full_like(self.indices, big)).amin(dim=1)
+        if self.values.shape[1] > 1:
+            all_tied = tied[:, -1]
+            if bool(all_tied.any()):
+                first = torch.where(all_tied, logits.argmax(dim=-1), first)
+        else:
+            first = logits.argmax(dim=-1)
+        return first
+
+
+def greedy_accept(
+    tree_tokens: torch.Tensor,
+    logits: torch.Tensor,
+    buffers: TreeBuffers,
+    predicted: torch.Tensor | None = None,
+) -> Acceptance:
     """Longest root-to-node path whose every token equals its parent's argmax.
 
-    tree_tokens: (n+1,), logits: (n+1, V). All comparison work stays on the device; one small
-    transfer at the end is the step's only host sync.
+    tree_tokens: (n+1,), logits: (n+1, V); `predicted` (the argmax per node) may be given when it
+    was computed already. All comparison work stays on the device; one small transfer at the end is
+    the step's only host sync.
     """
-    predicted = logits.argmax(dim=-1)  # (n+1,) the model's greedy choice after each node
+    if predicted is None:
+        predicted = logits.argmax(dim=-1)  # (n+1,) the model's greedy choice after each node
     correct = tree_tokens == predicted[buffers.parents]
     correct[0] = True
     # Index n+1 pads short leaf paths and is never correct.
-    correct = torch.cat([correct, correct.new_zeros(1)])
-    on_path = correct[buffers.leaf_paths].to(torch.int8)  # (leaves, D)
+    padded = torch.cat([correct, correct.new_zeros(1)])
+    on_path = padded[buffers.leaf_paths].to(torch.int8)  # (leaves, D)
     accepted_len = on_path.cumprod(dim=1).sum(dim=1)
     best = accepted_len.argmax()
     length = accepted_len[best]
@@ -41,8 +81,8 @@ def greedy_accept(tree_tokens: torch.Tensor, logits: torch.Tensor, buffers: Tree
     last_node = torch.where(length > 0, path[(length - 1).clamp(min=0)], path.new_zeros(()))
     packed = torch.cat([length.view(1), path, tree_tokens[path.clamp(max=buffers.size - 1)], predicted[last_node].view(1)])
     values = packed.tolist()
-    depth = buffers.spec.depth
+    depth = buffers.depth
     n = values[0]
     nodes = values[1 : 1 + n]
     tokens = values[1 + depth : 1 + depth + n]
-    return Acceptance(nodes=nodes, tokens=tokens, bonus=values[-1])
+    return Acceptance(nodes=nodes, tokens=tokens, bonus=values[-1], correct=correct)
