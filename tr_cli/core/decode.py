@@ -23,6 +23,7 @@ from .draft import draft_tree
 from .kv_cache import CompactingCache
 from .lookup import PromptLookup
 from .matrix import DEFAULT_K, new_matrix, output_vocab_size, top_candidates, update_rows
+from .sampling import Sampler, SamplingConfig
 from .stopping import StopCondition
 from .tree import PRESETS, TreeBuffers, TreeSpec
 from .tree_design import AutoTree
@@ -130,6 +131,7 @@ class TokenRecyclingDecoder:
         cost: CostModel | None = None,
         stats: AcceptanceStats | None = None,
         lookup_length: int = 0,
+        sampling: SamplingConfig | None = None,
     ) -> None:
         """`tree` fixes the draft tree; without it, a `cost` model lets the decoder design (and keep
         redesigning) the tree for this device from `stats`; with neither, the paper's tree.
@@ -158,7 +160,14 @@ class TokenRecyclingDecoder:
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
         self.seed_from_prompt = seed_from_prompt
         self._cache_kw = _cache_keyword(model)
+        self.set_sampling(sampling)
         self.reset()
+
+    def set_sampling(self, sampling: SamplingConfig | None) -> None:
+        """Greedy (None, or temperature 0) or sampled decoding from the next token on; a sampling
+        config starts its random stream afresh from its seed."""
+        self.sampling = sampling if sampling is not None else SamplingConfig.greedy()
+        self.sampler = None if self.sampling.is_greedy else Sampler(self.sampling)
 
     def reset(self) -> None:
         """Forget the conversation (the matrix stays)."""
@@ -219,7 +228,7 @@ class TokenRecyclingDecoder:
                 u0 = time.perf_counter()
                 update_rows(self.matrix, chunk, top_candidates(logits, self.k))
                 update += time.perf_counter() - u0
-        first = int(last_logits.argmax())
+        first = self.sampler.first_token(last_logits, self.tokens) if self.sampler else int(last_logits.argmax())
         total = time.perf_counter() - t0
         return first, StepTimings(forward=total - update, update=update)
 
@@ -235,7 +244,10 @@ class TokenRecyclingDecoder:
         logits = self._forward(tokens, positions, buffers.ancestor_mask)
         t2 = time.perf_counter()
         top = TopCandidates.of(logits, self.k)
-        acceptance = greedy_accept(tokens, logits, buffers, top.argmax(logits))
+        if self.sampler:  # the exact sampling walk (sampling.py); the conversation is its context
+            acceptance = self.sampler.accept(tokens, logits, buffers, self.tokens)
+        else:
+            acceptance = greedy_accept(tokens, logits, buffers, top.argmax(logits))
         t3 = time.perf_counter()
         update_rows(self.matrix, tokens, top.indices.to(torch.int32))
         self.stats.record(buffers, acceptance.correct)

@@ -1,0 +1,325 @@
+"""Lossless sampling: the distribution `model.generate(do_sample=True)` samples from, and tree
+verification that emits tokens from exactly that distribution.
+
+Processing follows transformers 5.24 (`GenerationMixin._get_logits_processor`, `_sample`): float32
+logits -> repetition penalty -> temperature -> top-k -> top-p -> min-p -> softmax, with the same
+tensor operations as its RepetitionPenaltyLogitsProcessor / TemperatureLogitsWarper /
+TopKLogitsWarper / TopPLogitsWarper / MinPLogitsWarper (min_tokens_to_keep=1), so ties and
+thresholds fall the same way. Settings merge like `generate`: what the caller gives, else the
+model's generation config, else transformers' global defaults (top_k=50 among them).
+
+Verification of a draft tree whose children are single tokens (the draft "distribution" q of a child
+is a point mass) walks from the root. At a node with processed distribution p it tries the children
+x_1, x_2, ... in order, accepting x_i with probability p(x_i) / (1 - sum_{j<i} p(x_j)) (p
+renormalized over what was not rejected yet); a rejected token gets p(x) = 0 (so a duplicate
+sibling of a rejected child is rejected surely); if every child is rejected the bonus token is drawn
+from the remaining p, renormalized. Exactness, in a few lines: with distinct x_j and Z_i =
+1 - sum_{j<i} p(x_j), the chance of accepting x_i is prod_{j<i}(1 - p(x_j)/Z_j) * p(x_i)/Z_i =
+prod_{j<i}(Z_{j+1}/Z_j) * p(x_i)/Z_i = p(x_i) (telescoping, Z_1 = 1); a token y that is no child
+comes out as the bonus with chance Z_{m+1} * p(y)/Z_{m+1} = p(y). So the token after every node is
+distributed exactly as p, and an accepted child's own logits are the model's distribution given
+that token (its context is the conversation plus its ancestor path), so by induction over
+positions the emitted sequence is distributed as sampling the model token by token.
+
+Implementation of that walk: one uniform u per emitted token draws y ~ p by inverse CDF, and child
+x_i is accepted iff y == x_i for the first such i. Given that x_1..x_{i-1} were rejected (y is none
+of them), P(y == x_i) = p(x_i) / (1 - sum_{j<i} p(x_j)), which is exactly the acceptance above, and
+when all are rejected y is distributed as the remaining p renormalized: the same walk, with its
+randomness coupled so that every emitted token consumes exactly one uniform, in order. Hence the
+tokens of a seeded run do not depend on the drafts (matrix state, tree): the same seed gives the
+same tokens whether the matrix is cold or hot, as long as the logits are the same. Siblings with
+the same token have the same context, hence the same distribution after them: the walk follows all
+of them at once (a later duplicate is never a second chance for a rejected token), which changes
+how deep the drafts reach, never which token comes out.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from .tree import TreeBuffers, TreeSpec
+from .verify import Acceptance
+
+# transformers' GenerationConfig._get_default_generation_params(): applied where neither the caller
+# nor the model's generation config sets a value. top_k=50 applies even to models that never ask for
+# it (SmolLM2's generation config sets none of these).
+HF_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
+
+# Warpers `generate` would apply from a model's generation config that tr does not implement; a
+# model setting one of them to an active value is reported (see ignored_generation_settings).
+_UNSUPPORTED = {
+    "typical_p": lambda v: v is not None and v < 1.0,
+    "epsilon_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
+    "eta_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
+    "top_h": lambda v: v is not None,
+}
+
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Sampling settings. temperature 0 means greedy decoding (the other fields are then unused);
+    top_k 0 and top_p 1.0 switch those filters off; seed None draws a fresh seed."""
+
+    temperature: float = HF_DEFAULTS["temperature"]
+    top_k: int = HF_DEFAULTS["top_k"]
+    top_p: float = HF_DEFAULTS["top_p"]
+    repetition_penalty: float = HF_DEFAULTS["repetition_penalty"]
+    seed: int | None = None
+    min_p: float | None = None  # only from a model's generation config; no CLI option
+
+    def __post_init__(self) -> None:
+        problem = _check(self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed)
+        if problem:
+            raise ValueError(problem)
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be between 0 and 1, got {self.min_p}")
+
+    @classmethod
+    def greedy(cls) -> "SamplingConfig":
+        return cls(temperature=0.0)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def resolve(
+        cls,
+        generation_config: object | None = None,
+        *,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        repetition_penalty: float | None = None,
+        seed: int | None = None,
+    ) -> "SamplingConfig":
+        """Given values win, then the model's generation config, then transformers' defaults:
+        the settings `model.generate(do_sample=True, ...)` would sample with."""
+
+        def pick(name: str, given):
+            if given is not None:
+                return given
+            value = getattr(generation_config, name, None) if generation_config is not None else None
+            return HF_DEFAULTS[name] if value is None else value
+
+        min_p = getattr(generation_config, "min_p", None) if generation_config is not None else None
+        return cls(
+            temperature=float(pick("temperature", temperature)),
+            top_k=int(pick("top_k", top_k)),
+            top_p=float(pick("top_p", top_p)),
+            repetition_penalty=float(pick("repetition_penalty", repetition_penalty)),
+            seed=seed,
+            min_p=None if min_p is None else float(min_p),
+        )
+
+    def with_changes(self, **changes) -> "SamplingConfig":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def generate_kwargs(self) -> dict:
+        """Keyword arguments that make `model.generate` decode with these settings (greedy or sampled)."""
+        if self.is_greedy:
+            return {"do_sample": False}
+        kwargs = {"do_sample": True, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                  "repetition_penalty": self.repetition_penalty}
+        if self.min_p is not None:
+            kwargs["min_p"] = self.min_p
+        return kwargs
+
+    def describe(self) -> str:
+        if self.is_greedy:
+            return "greedy"
+        parts = [f"temperature {self.temperature:g}", f"top_p {self.top_p:g}", f"top_k {self.top_k}"]
+        if self.repetition_penalty != 1.0:
+            parts.append(f"repetition_penalty {self.repetition_penalty:g}")
+        if self.min_p is not None:
+            parts.append(f"min_p {self.min_p:g}")
+        parts.append(f"seed {self.seed}" if self.seed is not None else "seed random")
+        return "sampling: " + ", ".join(parts)
+
+
+def _check(temperature, top_k, top_p, repetition_penalty, seed) -> str | None:
+    """The first bad value as a message, or None."""
+    if temperature is not None and not (temperature >= 0.0 and temperature != float("inf")):
+        return f"temperature must be 0 (greedy) or more, got {temperature}"
+    if top_k is not None and top_k < 0:
+        return f"top_k must be 0 (off) or more, got {top_k}"
+    if top_p is not None and not 0.0 <= top_p <= 1.0:
+        return f"top_p must be between 0 and 1, got {top_p}"
+    if repetition_penalty is not None and not (repetition_penalty > 0.0 and repetition_penalty != float("inf")):
+        return f"repetition_penalty must be more than 0, got {repetition_penalty}"
+    if seed is not None and not 0 <= seed < SEED_LIMIT:
+        return f"seed must be between 0 and {SEED_LIMIT - 1}, got {seed}"
+    return None
+
+
+def check_settings(
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
+) -> str | None:
+    """Validate user-given settings before any model loads: a message for the first bad one, or None."""
+    return _check(temperature, top_k, top_p, repetition_penalty, seed)
+
+
+def ignored_generation_settings(generation_config: object | None) -> list[str]:
+    """Sampling warpers the model's generation config turns on that tr does not apply ("typical_p=0.9")."""
+    if generation_config is None:
+        return []
+    out = []
+    for name, active in _UNSUPPORTED.items():
+        value = getattr(generation_config, name, None)
+        if active(value):
+            out.append(f"{name}={value}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The processed distribution
+
+
+def _seen_mask(context_ids: Sequence[int] | torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
+    seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+    ids = torch.as_tensor(context_ids, dtype=torch.long).to(device)
+    if ids.numel():
+        # Ids past the output vocabulary (embedding larger than the head) cannot be penalized: HF drops them.
+        ids = ids[(ids >= 0) & (ids < vocab)]
+        seen[ids] = True
+    return seen
+
+
+def _probabilities(row: torch.Tensor, config: SamplingConfig, seen: torch.Tensor | None) -> torch.Tensor:
+    """The processed distribution of one logits row; `seen` marks the context's tokens."""
+    scores = row.to(torch.float32)  # generate processes float32 copies of the logits
+    if seen is not None and config.repetition_penalty != 1.0:
+        penalized = torch.where(scores < 0, scores * config.repetition_penalty, scores / config.repetition_penalty)
+        scores = torch.where(seen, penalized, scores)
+    if config.temperature != 1.0:
+        scores = scores / config.temperature
+    if config.top_k != 0:
+        k = min(config.top_k, scores.shape[-1])
+        # Everything below the k-th value goes; ties with it stay (more than k tokens may survive).
+        scores = scores.masked_fill(scores < torch.topk(scores, k)[0][..., -1, None], float("-inf"))
+    if config.top_p < 1.0:
+        # Ascending sort of the whole row as HF does, so tied values are ordered the same way.
+        sorted_scores, order = torch.sort(scores, descending=False)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative <= (1 - config.top_p)
+        drop_sorted[..., -1:] = False  # min_tokens_to_keep = 1: the most likely token always stays
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    if config.min_p is not None:
+        probs = torch.softmax(scores, dim=-1)
+        drop = probs < config.min_p * probs.amax(dim=-1, keepdim=True)
+        drop.scatter_(-1, torch.topk(probs, 1, dim=-1).indices, False)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+def process_logits(
+    logits_row: torch.Tensor, config: SamplingConfig, context_ids: Sequence[int] | torch.Tensor | None = None
+) -> torch.Tensor:
+    """Probabilities (float32, on the row's device) that `generate(do_sample=True)` samples the next
+    token from, given the logits after `context_ids` (the whole sequence so far: only the repetition
+    penalty reads it). Works on (V,) or (rows, V) logits with one shared context."""
+    seen = None
+    if config.repetition_penalty != 1.0 and context_ids is not None:
+        seen = _seen_mask(context_ids, logits_row.shape[-1], logits_row.device)
+    return _probabilities(logits_row, config, seen)
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from `probs` (V,) by inverse CDF with the generator's next uniform.
+
+    A zero-probability token is never returned: its CDF entry equals its predecessor's exactly.
+    """
+    u = torch.rand((), generator=generator, dtype=torch.float64)
+    acc = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
+    cdf = probs.to(acc).cumsum(0)
+    total = cdf[-1]
+    # u < 1, but u * total may round up to total: keep the target strictly below it.
+    target = torch.minimum(u.to(device=cdf.device, dtype=acc) * total, torch.nextafter(total, total.new_zeros(())))
+    return int(torch.searchsorted(cdf, target.view(1), right=True))
+
+
+@functools.lru_cache(maxsize=64)
+def children_of(spec: TreeSpec) -> tuple[tuple[int, ...], ...]:
+    """Child node indices of every node, in node order (the order the walk tries them)."""
+    children: list[list[int]] = [[] for _ in spec.parents]
+    for node in range(1, len(spec.parents)):
+        children[spec.parents[node]].append(node)
+    return tuple(tuple(c) for c in children)
+
+
+def sample_accept(
+    tree_tokens: torch.Tensor,
+    logits: torch.Tensor,
+    buffers: TreeBuffers,
+    config: SamplingConfig,
+    context_ids: Sequence[int],
+    generator: torch.Generator,
+) -> Acceptance:
+    """The exact acceptance walk (module docstring) over one verified tree.
+
+    tree_tokens: (n+1,) with the root (the last emitted token) first; logits: (n+1, V), row i the
+    model's logits after node i; context_ids: the conversation up to and including the root. Only
+    the rows the walk visits are processed (accepted nodes + 1). `correct` marks the nodes whose
+    token is the one drawn after their parent (the root too), like greedy_accept's argmax match;
+    nodes under a mismatch are False, as the acceptance statistics never count them.
+    """
+    tokens = tree_tokens.tolist()
+    children = children_of(buffers.spec)
+    vocab = logits.shape[-1]
+    # The repetition penalty of a node sees the conversation plus the node's ancestor path, exactly
+    # what `generate` would have as input_ids there.
+    seen = _seen_mask(context_ids, vocab, logits.device) if config.repetition_penalty != 1.0 else None
+    # Duplicate siblings (e.g. a lookup chain repeating a matrix candidate) stand for the same token
+    # path, so they share one distribution: the walk keeps all of them and tries the children of
+    # each. The draw uses the first one's logits; which duplicate carries the path on changes no
+    # probability, only how deep the drafts reach.
+    frontier: list[tuple[int, tuple[int, ...]]] = [(0, ())]  # (node, its path from the root)
+    accepted: list[int] = []
+    right = [0]  # nodes whose token is the one drawn after their parent (for acceptance statistics)
+    while True:
+        y = draw(_probabilities(logits[frontier[0][0]], config, seen), generator)
+        matched = [(c, path + (c,)) for node, path in frontier for c in children[node] if tokens[c] == y]
+        if not matched:
+            correct = torch.zeros(len(tokens), dtype=torch.bool)
+            correct[right] = True
+            return Acceptance(nodes=list(frontier[0][1]), tokens=accepted, bonus=y, correct=correct.to(logits.device))
+        accepted.append(y)
+        right.extend(c for c, _ in matched)
+        if seen is not None:
+            seen[y] = True
+        frontier = matched
+
+
+class Sampler:
+    """A SamplingConfig with its random stream (a CPU torch.Generator: the same seed gives the same
+    uniforms on every device). Every emitted token consumes exactly one uniform, in order."""
+
+    def __init__(self, config: SamplingConfig) -> None:
+        if config.is_greedy:
+            raise ValueError("a greedy config has nothing to sample")
+        self.config = config
+        self.generator = torch.Generator()
+        if config.seed is None:
+            self.generator.seed()  # a fresh nondeterministic seed
+        else:
+            self.generator.manual_seed(config.seed)
+
+    def first_token(self, logits_row: torch.Tensor, context_ids: Sequence[int]) -> int:
+        """The token after a prefill, sampled from the processed distribution."""
+        return draw(process_logits(logits_row, self.config, context_ids), self.generator)
+
+    def accept(self, tree_tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffers,
+               context_ids: Sequence[int]) -> Acceptance:
+        return sample_accept(tree_tokens, logits, buffers, self.config, context_ids, self.generator)
