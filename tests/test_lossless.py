@@ -113,3 +113,20 @@ def test_lookup_chain_tokens_get_accepted():
     pairs, events = designed_run(tiny_model("llama"))
     assert all(got == want for got, want in pairs)
     assert sum(e.tree.slots[n] == LOOKUP for e in events for n in e.accepted_nodes) > 0
+
+
+@pytest.mark.parametrize("lookup", [0, 5])
+def test_no_draft_tree_is_plain_decoding(lookup):
+    """--tree none: one token per forward (the `ar` reference); with a lookup chain it becomes
+    prompt lookup decoding on the same forward path. Both stay exact."""
+    from tr_cli.core import PRESETS
+
+    model = tiny_model("qwen2")
+    decoder = TokenRecyclingDecoder(model, tree=PRESETS["none"], lookup_length=lookup)
+    for seed, (length, budget) in enumerate(CASES):
+        ids = (random_prompt(4, 300 + seed) * 8)[:length + 4]
+        decoder.reset()
+        result = decoder.generate(ids, StopCondition.build(budget, [EOS]))
+        assert result.tokens == reference(model, ids, budget)
+        if lookup == 0:
+            assert result.stats.steps == len(result.tokens) - 1

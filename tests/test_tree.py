@@ -188,7 +188,6 @@ def test_from_child_counts_matches_paths():
         ((-1, 0, 0), (0, -1, 0)),  # matrix node after the lookup chain
         ((-1, 0, 0), (0, -1, -1)),  # lookup nodes not in one chain
         ((-1, 0, 1), (0, -1, 0)),  # matrix node under a lookup node
-        ((-1,), (0,)),  # root only: nothing to draft
         ((), ()),  # no root at all
     ],
 )
@@ -198,9 +197,13 @@ def test_invalid_specs_raise(parents, slots):
 
 
 @pytest.mark.parametrize("paths", [[], [[]]])
-def test_tree_without_draft_nodes_is_rejected(paths):
-    with pytest.raises(ValueError, match="at least one draft node"):
-        TreeSpec.from_paths("empty", paths)
+def test_tree_without_draft_nodes_is_plain_decoding_but_not_from_a_file(paths, tmp_path):
+    spec = TreeSpec.from_paths("empty", paths)
+    assert (spec.size, spec.depth, spec.parents) == (0, 0, (-1,))
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps({"paths": paths}))
+    with pytest.raises(ValueError, match="no draft nodes.*--tree none"):
+        TreeSpec.from_file(path)
 
 
 def test_from_paths_missing_parent_raises():

@@ -156,6 +156,7 @@ class TokenRecyclingDecoder:
         if self.tree.max_slot >= self.k:
             raise ValueError(f"tree {self.tree.name} uses candidate slot {self.tree.max_slot} but k={self.k}")
         self._buffers: dict[TreeSpec, TreeBuffers] = {}
+        self._chained: dict[TreeSpec, TreeSpec] = {}  # tree -> tree + lookup chain, built once
         dtype = next(model.parameters()).dtype
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
         self.seed_from_prompt = seed_from_prompt
@@ -193,6 +194,12 @@ class TokenRecyclingDecoder:
             buffers = self._buffers[spec] = TreeBuffers.build(spec, self.device)
         return buffers
 
+    def _with_chain(self, tree: TreeSpec) -> TreeSpec:
+        chained = self._chained.get(tree)
+        if chained is None:
+            chained = self._chained[tree] = tree.with_lookup(self.lookup_length)
+        return chained
+
     @property
     def buffers(self) -> TreeBuffers:
         return self.buffers_for(self.tree)
@@ -201,8 +208,11 @@ class TokenRecyclingDecoder:
         self.tokens.extend(tokens)
         self.lookup.extend(tokens)
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-        mask = self.layout.build(self.cache.length, positions, visible)
+    def _mask(self, positions: torch.Tensor, visible: torch.Tensor) -> torch.Tensor | dict:
+        """The 4D additive mask (or one per layer type) for new tokens at `positions` over the cache."""
+        return self.layout.build(self.cache.length, positions, visible)
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | dict) -> torch.Tensor:
         out = self.model(
             input_ids=input_ids[None],
             attention_mask=mask,
@@ -222,7 +232,7 @@ class TokenRecyclingDecoder:
         for start in range(0, len(ids), PREFILL_CHUNK):
             chunk = torch.tensor(ids[start : start + PREFILL_CHUNK], dtype=torch.long, device=self.device)
             positions = torch.arange(chunk.shape[0], device=self.device) + self.cache.length
-            logits = self._forward(chunk, positions, causal_visibility(chunk.shape[0], self.device))
+            logits = self._forward(chunk, positions, self._mask(positions, causal_visibility(chunk.shape[0], self.device)))
             last_logits = logits[-1]
             if self.seed_from_prompt:
                 u0 = time.perf_counter()
@@ -236,12 +246,13 @@ class TokenRecyclingDecoder:
     def _step(self) -> tuple[torch.Tensor, TreeSpec, list[int], list[int], int, StepTimings]:
         t0 = time.perf_counter()
         proposal = self.lookup.propose(self.lookup_length) if self.lookup_length else []
-        spec = self.tree.with_lookup(self.lookup_length) if proposal else self.tree
+        spec = self._with_chain(self.tree) if proposal else self.tree
         buffers = self.buffers_for(spec)
         tokens = draft_tree(self.matrix, self.pending, buffers, proposal)
         positions = buffers.depths + self.cache.length
+        mask = self._mask(positions, buffers.ancestor_mask)
         t1 = time.perf_counter()
-        logits = self._forward(tokens, positions, buffers.ancestor_mask)
+        logits = self._forward(tokens, positions, mask)
         t2 = time.perf_counter()
         top = TopCandidates.of(logits, self.k)
         if self.sampler:  # the exact sampling walk (sampling.py); the conversation is its context
@@ -250,7 +261,8 @@ class TokenRecyclingDecoder:
             acceptance = greedy_accept(tokens, logits, buffers, top.argmax(logits))
         t3 = time.perf_counter()
         update_rows(self.matrix, tokens, top.indices.to(torch.int32))
-        self.stats.record(buffers, acceptance.correct)
+        if acceptance.correct is not None:
+            self.stats.record(buffers, acceptance.correct)
         if self.auto is not None:
             self.tree = self.auto.after_step()
         t4 = time.perf_counter()
@@ -271,11 +283,12 @@ class TokenRecyclingDecoder:
         try:
             g = torch.Generator().manual_seed(0)
             ids = torch.randint(0, self.vocab_size, (context + max(sizes),), generator=g).to(self.device)
-            self._forward(ids[:context], torch.arange(context, device=self.device), causal_visibility(context, self.device))
+            start = torch.arange(context, device=self.device)
+            self._forward(ids[:context], start, self._mask(start, causal_visibility(context, self.device)))
 
             def run_step(n: int) -> None:
                 positions = torch.arange(context, context + n, device=self.device)
-                logits = self._forward(ids[context : context + n], positions, causal_visibility(n, self.device))
+                logits = self._forward(ids[context : context + n], positions, self._mask(positions, causal_visibility(n, self.device)))
                 top = TopCandidates.of(logits, self.k)
                 top.argmax(logits).cpu()  # waits for the device
                 self.cache.crop(context)

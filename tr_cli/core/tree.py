@@ -33,8 +33,8 @@ class TreeSpec:
     def __post_init__(self) -> None:
         if len(self.parents) != len(self.slots):
             raise ValueError("tree spec: parents and slots differ in length")
-        if len(self.parents) < 2:
-            raise ValueError("tree spec: needs the root and at least one draft node")
+        if len(self.parents) < 1:
+            raise ValueError("tree spec: needs a root")
         if self.parents[0] != -1:
             raise ValueError("tree spec: node 0 is the root and has no parent (-1)")
         seen: set[tuple[int, int]] = set()
@@ -106,9 +106,12 @@ class TreeSpec:
             data = json.loads(Path(path).read_text())
             paths = data["paths"] if isinstance(data, dict) else data
             name = data.get("name", Path(path).stem) if isinstance(data, dict) else Path(path).stem
-            return cls.from_paths(name, [list(map(int, p)) for p in paths])
+            spec = cls.from_paths(name, [list(map(int, p)) for p in paths])
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"{path}: not a tree spec ({exc}); expected JSON {{\"paths\": [[0], [1], [0, 0]]}}") from exc
+        if spec.size == 0:
+            raise ValueError(f"{path}: the tree has no draft nodes; for plain decoding use --tree none")
+        return spec
 
     @property
     def size(self) -> int:
@@ -181,6 +184,8 @@ _PAPER_LEVELS = [
 
 PRESETS: dict[str, TreeSpec] = {
     "paper": TreeSpec.from_child_counts("paper", _PAPER_LEVELS),
+    # No draft at all: one token per forward on tr's own forward path (the `ar` reference).
+    "none": TreeSpec("none", (-1,), (0,)),
 }
 
 
@@ -240,7 +245,7 @@ class TreeBuffers:
                 j = parents[j]
             chain.reverse()
             rows.append(chain + [pad] * (spec.depth - len(chain)))
-        leaf_paths = torch.tensor(rows, dtype=torch.long).reshape(len(rows), spec.depth)
+        leaf_paths = torch.tensor(rows, dtype=torch.long).reshape(len(rows), spec.depth) if rows else torch.zeros(0, 0, dtype=torch.long)
         return cls(
             spec=spec,
             depths=torch.tensor(depths, dtype=torch.long, device=device),

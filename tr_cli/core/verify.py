@@ -71,6 +71,8 @@ def greedy_accept(
         predicted = logits.argmax(dim=-1)  # (n+1,) the model's greedy choice after each node
     correct = tree_tokens == predicted[buffers.parents]
     correct[0] = True
+    if buffers.size == 1:  # nothing drafted: plain decoding
+        return Acceptance(nodes=[], tokens=[], bonus=int(predicted[0]), correct=correct)
     # Index n+1 pads short leaf paths and is never correct.
     padded = torch.cat([correct, correct.new_zeros(1)])
     on_path = padded[buffers.leaf_paths].to(torch.int8)  # (leaves, D)
