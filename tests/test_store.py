@@ -188,3 +188,21 @@ def test_concurrent_saves_from_two_processes_both_land(tmp_path):
     final = read_matrix(path)
     assert final.matrix[11].tolist() == [11] * K
     assert final.matrix[22].tolist() == [22] * K
+
+
+def test_hot_matrix_carries_its_acceptance_statistics(tmp_path):
+    from tr_cli.core.tree import TreeBuffers, TreeSpec
+
+    path = tmp_path / "m.safetensors"
+    first = HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=path)
+    assert first.stats is not None and first.stats.observed_steps == 0
+    buffers = TreeBuffers.build(TreeSpec.from_paths("t", [[0], [1], [0, 0]]))
+    for _ in range(3):
+        first.stats.record(buffers, torch.tensor([True, True, False, True]))
+    first.matrix[2] = 1
+    first.save()
+    assert (tmp_path / "m.accept.json").exists()
+    second = HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=path)
+    assert second.stats.to_dict() == first.stats.to_dict()
+    cold = HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=path, cold=True, save=False)
+    assert cold.stats.observed_steps == 0

@@ -1,17 +1,19 @@
 """The matrix a command decodes with: loaded from the store at start, saved (merged) at exit.
 
 Only rows this process changed are written back, merged under the lock onto whatever the file
-holds by then, so two `tr` processes sharing a matrix keep each other's work.
+holds by then, so two `tr` processes sharing a matrix keep each other's work. The acceptance
+statistics learned with the matrix (which size the designed tree) travel beside it.
 """
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
+from .core.acceptance_stats import AcceptanceStats
 from .errors import UserError
 from .store import (
     MatrixFile,
@@ -25,6 +27,7 @@ from .store import (
     tokenizer_fingerprint,
     write_matrix,
 )
+from .tuning import load_stats, save_stats
 
 
 @dataclass
@@ -35,6 +38,7 @@ class HotMatrix:
     meta: MatrixMeta  # as loaded (or fresh)
     save_enabled: bool
     _saved: torch.Tensor  # CPU copy of the content last loaded or saved
+    stats: AcceptanceStats | None = field(default=None)  # acceptance by depth and slot, beside the file
 
     @classmethod
     def open(
@@ -60,7 +64,8 @@ class HotMatrix:
             check_compatible(data.meta, fingerprint, vocab_size, k, path)
             state = "hot"
         matrix = data.matrix.to(device)
-        return cls(path, matrix, state, data.meta, save, data.matrix.clone())
+        stats = load_stats(path, k, device) if not cold else AcceptanceStats(k, device)
+        return cls(path, matrix, state, data.meta, save, data.matrix.clone(), stats)
 
     @property
     def start_update_count(self) -> int:
@@ -77,6 +82,8 @@ class HotMatrix:
         """Merge this session's changed rows into the file; returns how many rows were written."""
         if not self.save_enabled:
             return 0
+        if self.stats is not None and self.stats.observed_steps:
+            save_stats(self.path, self.stats)
         current = self.matrix.detach().to("cpu")
         changed = (current != self._saved).any(dim=1)
         count = int(changed.sum())
