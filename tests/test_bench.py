@@ -1,11 +1,12 @@
-"""`tr bench`: prompt files, metric arithmetic, the JSON schema, the identical check, and real
-end-to-end runs on a tiny random model and on SmolLM2."""
+"""`tr bench`: prompt files, metric arithmetic, the JSON schema, the identical check (greedy) and
+the distribution check (sampling), and real end-to-end runs on a tiny random model and on SmolLM2."""
 
 import json
 
 import pytest
 from typer.testing import CliRunner
 
+from tr_cli.bench.distribution import DistributionCheck, check_tokens
 from tr_cli.bench.methods import Run
 from tr_cli.bench.metrics import summarize
 from tr_cli.bench.report import render
@@ -85,7 +86,8 @@ def test_metrics_identical_check_and_schema():
                         max_new_tokens=10, warmup=0)
     report = summarize(results, {"model": "fake"})
     assert set(report) == {"environment", "methods", "categories", "prompts"}
-    keys = {"tokens_per_second", "speedup", "mean_accepted_tokens", "new_tokens", "wall_seconds", "identical_to_baseline", "prompts"}
+    keys = {"tokens_per_second", "speedup", "mean_accepted_tokens", "new_tokens", "wall_seconds", "identical_to_baseline", "prompts",
+            "distribution_check"}
     assert set(report["methods"]["baseline"]) == keys == set(report["methods"]["tr"])
     base, tr = report["methods"]["baseline"], report["methods"]["tr"]
     assert base["new_tokens"] == 8 and base["wall_seconds"] == 4.0 and base["tokens_per_second"] == 2.0
@@ -93,6 +95,7 @@ def test_metrics_identical_check_and_schema():
     assert tr["tokens_per_second"] == 4.0 and tr["speedup"] == 2.0
     assert tr["mean_accepted_tokens"] == pytest.approx((4 + 2) / (2 + 1))  # step tokens / steps
     assert base["identical_to_baseline"] == 2 and tr["identical_to_baseline"] == 1 and tr["prompts"] == 2
+    assert tr["distribution_check"] is None  # greedy
     assert report["categories"]["qa"]["tr"]["speedup"] == 2.0
     assert set(report["categories"]["rag"]["tr"]) == {"speedup", "mean_accepted_tokens", "tokens_per_second"}
     by_id = {p["id"]: p for p in report["prompts"]}
@@ -102,6 +105,53 @@ def test_metrics_identical_check_and_schema():
     md = render(report, "md")
     assert "| tr | 2.00× | 2.00× |" in md
     assert "tr,all,4.0000,2.0000" in render(report, "csv")
+
+
+def test_sampled_report_checks_distributions_instead_of_tokens():
+    """Sampling: no token-by-token comparison; each method's distribution check (sums over every
+    counted run) is reported, and the table's last column is its z."""
+    prompts = [PromptRecord("a", "qa", ("xx",)), PromptRecord("b", "rag", ("yyy",))]
+    outputs = {2: [1, 2, 3, 4, 5], 3: [6, 7, 8]}
+    runners = {"baseline": fake_runner(outputs, 2.0, 1.0), "tr": fake_runner(outputs, 1.0, 0.5)}
+    seen = []
+
+    def check(ids, tokens):
+        seen.append((len(ids), tokens))
+        surprisal = 1.5 if len(ids) == 2 else 0.5
+        return DistributionCheck(tokens=len(tokens), surprisal=surprisal * len(tokens), entropy=len(tokens),
+                                 variance=0.25 * len(tokens))
+
+    results = run_bench(runners, prompts, encode=lambda history, text: [0] * len(text), decode=str,
+                        max_new_tokens=10, warmup=1, check=check)
+    assert seen == [(2, [1, 2, 3, 4, 5]), (2, [1, 2, 3, 4, 5]), (3, [6, 7, 8]), (3, [6, 7, 8])]  # warmup unchecked
+    report = summarize(results, {"model": "fake", "decoding": "sampling: temperature 0.7"}, sampled=True)
+    tr = report["methods"]["tr"]
+    assert tr["identical_to_baseline"] is None and tr["speedup"] == 2.0
+    # (5 * 1.5 + 3 * 0.5 - 8) / sqrt(8 * 0.25) = 1 / sqrt(2)
+    assert tr["distribution_check"] == {"tokens": 8, "mean_surprisal": 9 / 8, "mean_entropy": 1.0,
+                                        "z": pytest.approx(2 ** -0.5), "outside_support": 0}
+    assert all(p["tr"]["identical_to_baseline"] is None for p in report["prompts"])
+    md = render(report, "md")
+    assert "| dist. z |" in md and "| tr | 2.00× | 2.00× | 2.00 | 4.0 | 2.00× | +0.71 |" in md and "identical" not in md
+    assert "tr,all,4.0000,2.0000,2.0000,,2,0.7071" in render(report, "csv")
+
+
+def test_distribution_check_tells_sampling_from_greedy():
+    """Tokens sampled from the model's distribution score a z near 0 (about standard normal: this
+    seed gives -3.2, the 40 seeds 0..39 average -0.35 with deviation 1.1); greedy tokens under the
+    same distribution score far below (they are always the likeliest)."""
+    from tiny_models import tiny_model
+    from tr_cli.core import StopCondition, TokenRecyclingDecoder
+    from tr_cli.core.sampling import SamplingConfig
+
+    model = tiny_model("llama")
+    config = SamplingConfig(temperature=0.7, top_k=50, top_p=0.9, repetition_penalty=1.2, seed=2)
+    prompt = [5, 6, 7, 8]
+    sampled = TokenRecyclingDecoder(model, sampling=config).generate(prompt, StopCondition.build(150, [])).tokens
+    greedy = TokenRecyclingDecoder(model).generate(prompt, StopCondition.build(150, [])).tokens
+    good, bad = check_tokens(model, config, prompt, sampled), check_tokens(model, config, prompt, greedy)
+    assert good.tokens == 150 and good.outside_support == 0 and abs(good.z) < 4, good
+    assert bad.z < -10, bad
 
 
 def test_next_turn_follows_the_methods_own_answer():
@@ -127,6 +177,9 @@ def test_next_turn_follows_the_methods_own_answer():
     (["--format", "xml"], "--format xml"),
     (["--turns", "2"], "--turns 2"),
     (["--k", "4"], "uses candidate slot 7"),
+    (["--temperature", "-1"], "--temperature must be 0 (greedy) or more"),
+    (["--top-p", "2"], "--top-p must be between 0 and 1"),
+    (["--top-k", "-2"], "--top-k must be 0 (off) or more"),
 ])
 def test_bad_input_is_one_line_error(args, words):
     out = runner.invoke(app, ["bench", *args])
@@ -156,6 +209,24 @@ def test_bench_tiny_model_end_to_end(tiny_llama_dir, tmp_path):
                 "max_new_tokens", "matrix", "date"):
         assert key in env
     assert env["model"] == str(tiny_llama_dir) and env["dtype"] == "float32"
+
+
+def test_sampled_bench_tiny_model_end_to_end(tiny_llama_dir, tmp_path):
+    report_path = tmp_path / "report.json"
+    out = runner.invoke(app, ["bench", "--model", str(tiny_llama_dir), "--dtype", "float32", "--limit", "2", "-n", "12",
+                              "--format", "json", "--output", str(report_path), "--warmup", "0", "--temperature", "0.8",
+                              "--top-p", "0.9", "--seed", "5"])
+    assert out.exit_code == 0, out.output
+    report = json.loads(report_path.read_text())
+    env = report["environment"]
+    assert env["decoding"] == "sampling: temperature 0.8, top_p 0.9, top_k 50, seed 5" and env["seed"] == 5
+    for name in ("baseline", "pld", "tr"):
+        method = report["methods"][name]
+        assert method["identical_to_baseline"] is None
+        check = method["distribution_check"]
+        assert check["tokens"] + check["outside_support"] == method["new_tokens"] > 0
+        assert abs(check["z"]) < 4, (name, check)
+    assert all(p[m]["identical_to_baseline"] is None for p in report["prompts"] for m in ("baseline", "pld", "tr"))
 
 
 def test_table_report_is_not_squeezed_when_piped(tiny_llama_dir, tmp_path, monkeypatch):

@@ -83,9 +83,31 @@ def test_each_line_is_one_conversation(tiny, tiny_llama_dir, tmp_path):
     assert out.stderr.count(STATS) == 2
 
 
+def test_sampled_piped_chat_is_reproducible_from_its_seed(tiny, tiny_llama_dir, tmp_path):
+    """--temperature/--top-p/--seed: the replies are the ones a session with the same settings
+    samples in-process (another matrix, so other drafts: a seeded run does not depend on them)."""
+    args = [str(tiny_llama_dir), "--dtype", "float32", "-n", "8", "--each-line", "--temperature", "0.9", "--top-p", "0.95",
+            "--seed", "4"]
+    out = run_piped(args, "Hello there\nAnd then?\n", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "sampling: temperature 0.9, top_p 0.95, top_k 50, seed 4" in out.stderr
+    session = ChatSession(tiny.tokenizer, TokenRecyclingDecoder(tiny.model), tiny.eos_token_ids,
+                          settings=Settings(max_new_tokens=8, temperature=0.9, top_p=0.95, seed=4),
+                          max_positions=context_limit(tiny.model))
+    expected = ""
+    for message in ("Hello there", "And then?"):
+        for _ in session.reply(message):
+            pass
+        expected += session.last.text + "\n"
+    assert out.stdout == expected
+
+
 @pytest.mark.parametrize("args, stdin, message", [
     ([], "", "no message on stdin"),
     (["--live", "fancy"], "hi", "--live fancy: use one of path, tree, off"),
+    (["--temperature", "-1"], "hi", "--temperature must be 0 (greedy) or more, got -1.0"),
+    (["--top-p", "2"], "hi", "--top-p must be between 0 and 1, got 2.0"),
+    (["--temperature", "0", "--top-k", "5"], "hi", "--top-k needs sampling, but --temperature 0 is greedy decoding"),
 ])
 def test_one_line_errors(args, stdin, message, tmp_path):
     out = run_piped(args, stdin, tmp_path)

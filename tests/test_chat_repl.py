@@ -78,8 +78,11 @@ def test_two_turns_every_command_and_multiline(tiny, tmp_path):
         "/show matrix",
         "/show nothing",
         "/set max_new_tokens 6",
+        "/set seed 9",
         "/set temperature 0.7",
         "/set top_p 0.9",
+        "/set top_p 1.5",
+        "/show settings",
         "/set live tree",
         "/set live off",
         "/set verbose",
@@ -105,11 +108,16 @@ def test_two_turns_every_command_and_multiline(tiny, tmp_path):
     assert out.count(" tok/s · MAT ") == 5
     assert "Unknown command /x — /help lists them" in out
     assert out.count("/clear          forget the conversation") == 2  # /help and /?
-    assert "max_new_tokens                   8" in out
+    assert "max_new_tokens  8" in out and "decoding        greedy" in out
     assert "draft tree paper: 80 nodes" in out and "<|im_start|>" in out and "rows filled" in out
     assert "usage: /show settings|model|template|matrix" in out
     assert "max_new_tokens = 6" in out and "live = tree" in out and "live = off" in out and "verbose = on" in out
-    assert "temperature: sampling is not available yet" in out and "top_p: sampling is not available yet" in out
+    assert "seed = 9 (greedy)" in out
+    assert "temperature = 0.7 (sampling: temperature 0.7, top_p 1, top_k 50, seed 9)" in out
+    assert "top_p = 0.9 (sampling: temperature 0.7, top_p 0.9, top_k 50, seed 9)" in out
+    assert "top_p must be between 0 and 1, got 1.5" in out
+    assert "decoding        sampling: temperature 0.7, top_p 0.9, top_k 50, seed 9" in out
+    assert run.session.decoder.sampler is not None  # the /retry and later replies were sampled
     assert "System prompt: Be [bold]brief[/]." in out
     assert "retrying: And then?" in out
     assert "per step: draft" in out  # verbose stats

@@ -6,6 +6,7 @@ parsing, completion, multi-line input and settings."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -25,6 +26,7 @@ from tr_cli.chat_session import (
     parse_command,
 )
 from tr_cli.core import TokenRecyclingDecoder
+from tr_cli.core.sampling import SamplingConfig
 from tr_cli.text import encode_prompt
 
 
@@ -234,6 +236,8 @@ def test_completion_of_slash_commands():
     assert complete("/s") == ["/system", "/set", "/show", "/save"]
     assert complete("/set ma") == ["max_new_tokens"]
     assert complete("/set live t") == ["tree"]
+    assert complete("/set t") == ["temperature", "top_p", "top_k"]
+    assert complete("/set seed r") == ["random"] and complete("/set top_p d") == ["default"]
     assert complete("/show t") == ["template"]
     assert complete("hello") == []
     assert complete("/nope x") == []
@@ -260,13 +264,50 @@ def test_settings():
     assert settings.set("live", "tree") == "live = tree"
     assert settings.set("verbose", "") == "verbose = on" and settings.verbose
     assert settings.set("verbose", "off") == "verbose = off" and not settings.verbose
-    for key in ("temperature", "top_p", "top_k", "seed"):
-        with pytest.raises(CommandError, match="sampling is not available yet"):
-            settings.set(key, "1")
-    for key, value in (("max_new_tokens", "0"), ("max_new_tokens", "many"), ("live", "fancy"), ("verbose", "maybe"),
-                       ("colour", "red")):
-        with pytest.raises(CommandError):
+    assert settings.sampling_config(None).is_greedy
+    assert settings.set("top-p", "0.9") == "top_p = 0.9" and settings.top_p == 0.9
+    # top_p without a temperature samples at the model's temperature (transformers' default: 1.0).
+    assert settings.sampling_config(None) == SamplingConfig(temperature=1.0, top_k=50, top_p=0.9)
+    assert settings.set("temperature", "0.7") == "temperature = 0.7"
+    assert settings.set("top_k", "5") == "top_k = 5" and settings.set("seed", "42") == "seed = 42"
+    assert settings.set("repetition_penalty", "1.2") == "repetition_penalty = 1.2"
+    assert settings.sampling_config(None) == SamplingConfig(temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.2,
+                                                            seed=42)
+    assert settings.set("seed", "random") == "seed = random" and settings.seed is None
+    assert settings.set("top_k", "default") == "top_k = default" and settings.top_k is None
+    assert settings.set("temperature", "0") == "temperature = 0" and settings.sampling_config(None).is_greedy
+    for key, value, words in (("max_new_tokens", "0", "at least 1"), ("max_new_tokens", "many", "whole number"),
+                              ("live", "fancy", "live takes"), ("verbose", "maybe", "on or off"), ("colour", "red", "no setting"),
+                              ("temperature", "-1", "temperature must be 0 (greedy) or more"),
+                              ("temperature", "hot", "temperature takes a number"),
+                              ("top_p", "2", "top_p must be between 0 and 1"), ("top_k", "2.5", "top_k takes a whole number"),
+                              ("repetition_penalty", "0", "more than 0"), ("seed", "-4", "seed must be between"),
+                              ("seed", "", "usage: /set seed")):
+        with pytest.raises(CommandError, match=re.escape(words)):
             settings.set(key, value)
+
+
+def test_set_sampling_in_a_conversation(tiny):
+    """/set temperature switches the decoder to sampling (the model's defaults merged in), a seed
+    makes a reply reproducible, /set temperature 0 is greedy again, and a sampled conversation
+    still continues from the KV cache."""
+    session = new_session(tiny, max_new_tokens=10)
+    assert session.decoder.sampler is None
+    message, _ = session.execute("/set", "temperature 0.8")
+    assert message == "temperature = 0.8 (sampling: temperature 0.8, top_p 1, top_k 50, seed random)"
+    assert session.decoder.sampling == SamplingConfig(temperature=0.8, top_k=50, top_p=1.0)
+    session.execute("/set", "seed 3")
+    first = turn(session, "Hello there")
+    second = turn(session, "And then?")
+    assert not session.last.rebuilt  # continued from the cache
+    replay = new_session(tiny, max_new_tokens=10)
+    replay.execute("/set", "temperature 0.8")
+    replay.execute("/set", "seed 3")
+    assert (turn(replay, "Hello there"), turn(replay, "And then?")) == (first, second)
+    assert "decoding        sampling: temperature 0.8, top_p 1, top_k 50, seed 3" in session.show("settings")
+    session.execute("/set", "temperature 0")
+    assert session.decoder.sampler is None and "decoding        greedy" in session.show("settings")
+    check_next_turn_matches_generate(tiny, session, "Greedy again?")
 
 
 def test_conversation_json_round_trip():

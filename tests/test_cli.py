@@ -76,6 +76,8 @@ def test_bad_options_are_one_line_errors(tmp_path):
         (["--k", "4"], "uses candidate slot 7"),
         (["--dtype", "float8"], "unknown dtype"),
         (["--device", "tpu"], "unknown device"),
+        (["--temperature", "-1"], "--temperature must be 0 (greedy) or more, got -1.0"),
+        (["--top-p", "2"], "--top-p must be between 0 and 1, got 2.0"),
     ]:
         out = run("generate", "-p", "hi", *args)
         assert out.returncode == 1, args
@@ -94,6 +96,19 @@ def test_generate_from_checkpoint_directory(tiny_llama_dir):
     out = run("generate", str(tiny_llama_dir), "--dtype", "float32", "-n", "12", "--compare", "-p", "Hello")
     assert out.returncode == 0, out.stderr
     assert "12 tokens" in out.stderr and "output identical" in out.stderr
+
+
+def test_sampled_generate_is_reproducible_from_its_seed(tiny_llama_dir):
+    """Same seed, same tokens, although the first run saved a hotter matrix for the second;
+    --compare samples transformers' side too and compares no tokens."""
+    args = ("generate", str(tiny_llama_dir), "--dtype", "float32", "-n", "12", "-p", "Hello", "--temperature", "0.8",
+            "--seed", "3")
+    first = run(*args)
+    second = run(*args, "--compare")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == second.stdout and first.stdout.strip()
+    assert "sampling: temperature 0.8, top_p 1, top_k 50, seed 3" in first.stderr
+    assert "transformers sampling:" in second.stderr and "outputs differ by chance" in second.stderr
 
 
 def test_generate_from_cached_hub_id(tmp_path, tiny_llama_dir):

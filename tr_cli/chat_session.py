@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core import GenerationStats, StepEvent, StopCondition, TokenRecyclingDecoder
+from .core.sampling import SamplingConfig, check_settings, wants_sampling
 from .text import has_chat_template
 
 LIVE_MODES = ("path", "tree", "off")
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
 SETTING_KEYS = ("max_new_tokens", *SAMPLING_KEYS, "live", "verbose")
 SHOW_TOPICS = ("settings", "model", "template", "matrix")
 SAVE_FORMAT = "tr-chat"
@@ -53,13 +54,45 @@ class Settings:
     max_new_tokens: int = 512
     live: str = "path"
     verbose: bool = False
+    # Sampling as the user asked for it (None: not given; the model's generation config, else
+    # transformers' default, applies). Greedy unless wants_sampling() says otherwise.
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    seed: int | None = None
+
+    def sampling_config(self, generation_config: object | None) -> SamplingConfig:
+        """What the decoder samples with (greedy when no sampling was asked for)."""
+        if not wants_sampling(self.temperature, self.top_p, self.top_k, self.repetition_penalty):
+            return SamplingConfig.greedy()
+        return SamplingConfig.resolve(generation_config, temperature=self.temperature, top_p=self.top_p,
+                                      top_k=self.top_k, repetition_penalty=self.repetition_penalty, seed=self.seed)
+
+    def _set_sampling(self, key: str, value: str) -> str:
+        lowered = value.lower()
+        if not value:
+            raise CommandError(f"usage: /set {key} VALUE ({'a number or random' if key == 'seed' else 'a number or default'})")
+        if (key == "seed" and lowered in ("random", "none")) or (key != "seed" and lowered in ("default", "none")):
+            setattr(self, key, None)
+            return f"{key} = {'random' if key == 'seed' else 'default'}"
+        whole = key in ("top_k", "seed")
+        try:
+            number = int(value) if whole else float(value)
+        except ValueError:
+            raise CommandError(f"{key} takes {'a whole number' if whole else 'a number'}, got {value!r}") from None
+        problem = check_settings(**{key: number})
+        if problem:
+            raise CommandError(problem)
+        setattr(self, key, number)
+        return f"{key} = {number:g}" if not whole else f"{key} = {number}"
 
     def set(self, key: str, value: str) -> str:
         """Apply `/set KEY VALUE`; returns what to tell the user."""
         key = key.strip().lower().replace("-", "_")
         value = value.strip()
         if key in SAMPLING_KEYS:
-            raise CommandError(f"{key}: sampling is not available yet; tr decodes greedily")
+            return self._set_sampling(key, value)
         if key == "max_new_tokens":
             try:
                 number = int(value)
@@ -87,12 +120,14 @@ class Settings:
             raise CommandError(f"usage: /set KEY VALUE ({', '.join(SETTING_KEYS)})")
         raise CommandError(f"no setting {key!r}; settings: {', '.join(SETTING_KEYS)}")
 
-    def describe(self) -> list[tuple[str, str]]:
+    def describe(self, sampling: SamplingConfig | None = None) -> list[tuple[str, str]]:
+        """(name, value) rows; `sampling` is what the decoder uses (these settings merged with the
+        model's generation config)."""
         return [
             ("max_new_tokens", str(self.max_new_tokens)),
             ("live", self.live),
             ("verbose", "on" if self.verbose else "off"),
-            ("temperature, top_p, top_k, seed", "sampling not available yet (greedy)"),
+            ("decoding", (sampling or self.sampling_config(None)).describe()),
         ]
 
 
@@ -113,7 +148,9 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("/help", ("/?",), "", "list the commands"),
     CommandSpec("/clear", (), "", "forget the conversation (the matrix stays)"),
     CommandSpec("/system", (), "[TEXT]", "show or set the system prompt (/system - removes it)"),
-    CommandSpec("/set", (), "KEY VALUE", "max_new_tokens N, live path|tree|off, verbose on|off", SETTING_KEYS),
+    CommandSpec("/set", (), "KEY VALUE",
+                "max_new_tokens N, temperature T (0 = greedy), top_p P, top_k K, repetition_penalty R, seed N|random, "
+                "live path|tree|off, verbose on|off", SETTING_KEYS),
     CommandSpec("/show", (), "TOPIC", "settings, model, template or matrix", SHOW_TOPICS),
     CommandSpec("/save", (), "FILE", "write the conversation to a JSON file"),
     CommandSpec("/load", (), "FILE", "continue a conversation written by /save"),
@@ -121,7 +158,8 @@ COMMANDS: tuple[CommandSpec, ...] = (
     CommandSpec("/bye", ("/exit",), "", "save the matrix and leave (also Ctrl-D)"),
 )
 _BY_NAME = {name: spec for spec in COMMANDS for name in (spec.name, *spec.aliases)}
-_SET_VALUES = {"live": LIVE_MODES, "verbose": ("on", "off")}
+_SET_VALUES = {"live": LIVE_MODES, "verbose": ("on", "off"), "seed": ("random",), "top_p": ("default",),
+               "top_k": ("default",), "repetition_penalty": ("default",), "temperature": ("default",)}
 
 
 def help_lines() -> list[tuple[str, str]]:
@@ -293,6 +331,7 @@ class ChatSession:
         self.last: TurnResult | None = None
         self._held = ""  # the text the decoder's tokens stand for (template mode)
         self._stale = False  # decoder state no longer matches the messages: re-prefill next turn
+        self.apply_sampling()
 
     # -- state ------------------------------------------------------------------------------
 
@@ -302,6 +341,11 @@ class ChatSession:
         self.decoder.reset()
         self._held = ""
         self._stale = False
+
+    def apply_sampling(self) -> None:
+        """Give the decoder the settings' sampling (merged with the model's generation config);
+        a seeded stream starts again from its seed."""
+        self.decoder.set_sampling(self.settings.sampling_config(getattr(self.decoder.model, "generation_config", None)))
 
     def set_system(self, text: str | None) -> None:
         self.system = text or None
@@ -473,7 +517,11 @@ class ChatSession:
             if not arg:
                 return self.show("settings"), None
             key, _, value = arg.partition(" ")
-            return self.settings.set(key, value), None
+            message = self.settings.set(key, value)
+            if key.strip().lower().replace("-", "_") in SAMPLING_KEYS:
+                self.apply_sampling()
+                message += f" ({self.decoder.sampling.describe()})"
+            return message, None
         if name == "/show":
             return self.show(arg), None
         if name == "/save":
@@ -491,7 +539,7 @@ class ChatSession:
     def show(self, topic: str) -> str:
         topic = topic.strip().lower()
         if topic == "settings":
-            rows = self.settings.describe() + [("system", self.system or "(none)")]
+            rows = self.settings.describe(self.decoder.sampling) + [("system", self.system or "(none)")]
             width = max(len(k) for k, _ in rows)
             return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
         if topic == "template":

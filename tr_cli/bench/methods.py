@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..core import StopCondition, TokenRecyclingDecoder, TreeSpec
+from ..core.sampling import SamplingConfig
 
 METHODS = ("baseline", "pld", "tr")
 PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
@@ -44,12 +45,15 @@ class _ForwardCounter:
 
 
 class HFGenerate:
-    """transformers `generate`, greedy; with `prompt_lookup` it is HF prompt lookup decoding."""
+    """transformers `generate`, greedy or sampling; with `prompt_lookup` it is HF prompt lookup
+    decoding. Sampling draws from torch's global generator (seeded once by the bench)."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], prompt_lookup: bool) -> None:
+    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], prompt_lookup: bool,
+                 sampling: SamplingConfig | None = None) -> None:
         self.model = model
         self.eos = eos_token_ids
         self.prompt_lookup = prompt_lookup
+        self.sampling = sampling or SamplingConfig.greedy()
 
     @torch.inference_mode()
     def run(self, ids: list[int], max_new_tokens: int) -> Run:
@@ -60,8 +64,8 @@ class HFGenerate:
         try:
             start = time.perf_counter()
             out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                                      do_sample=False, eos_token_id=self.eos or None,
-                                      pad_token_id=self.eos[0] if self.eos else 0, **extra)
+                                      eos_token_id=self.eos or None, pad_token_id=self.eos[0] if self.eos else 0,
+                                      **self.sampling.generate_kwargs(), **extra)
             seconds = time.perf_counter() - start
         finally:
             counter.close()
@@ -70,10 +74,12 @@ class HFGenerate:
 
 
 class TokenRecycling:
-    """Our decoder on the (shared, hot) matrix; every prompt starts a fresh conversation."""
+    """Our decoder on the (shared, hot) matrix; every prompt starts a fresh conversation. A sampling
+    config's random stream runs on across prompts (seeded once)."""
 
-    def __init__(self, model: torch.nn.Module, matrix: torch.Tensor, tree: TreeSpec, eos_token_ids: list[int]) -> None:
-        self.decoder = TokenRecyclingDecoder(model, matrix=matrix, tree=tree)
+    def __init__(self, model: torch.nn.Module, matrix: torch.Tensor, tree: TreeSpec, eos_token_ids: list[int],
+                 sampling: SamplingConfig | None = None) -> None:
+        self.decoder = TokenRecyclingDecoder(model, matrix=matrix, tree=tree, sampling=sampling)
         self.eos = eos_token_ids
 
     def run(self, ids: list[int], max_new_tokens: int) -> Run:

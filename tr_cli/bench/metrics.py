@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .distribution import DistributionCheck
 from .runner import Measured, PromptResult
 
 
@@ -15,9 +16,23 @@ def _mat(items: list[Measured]) -> float:
     return sum(m.step_tokens for m in items) / steps if steps else 1.0
 
 
-def summarize(results: list[PromptResult], environment: dict) -> dict:
+def _check(items: list[Measured]) -> dict | None:
+    checks = [m.check for m in items if m.check is not None]
+    if not checks:
+        return None
+    total = DistributionCheck()
+    for check in checks:
+        total.add(check)
+    return total.to_json()
+
+
+def summarize(results: list[PromptResult], environment: dict, sampled: bool = False) -> dict:
+    """The report. Sampled outputs are never compared token by token (identical_to_baseline is
+    None); each method's distribution_check says instead whether its tokens fit the model's
+    distribution."""
     methods = list(results[0].methods) if results else []
     has_baseline = "baseline" in methods
+    compare_tokens = has_baseline and not sampled
 
     def block(name: str, subset: list[PromptResult]) -> dict:
         items = [r.methods[name] for r in subset]
@@ -29,15 +44,16 @@ def summarize(results: list[PromptResult], environment: dict) -> dict:
     report_methods = {}
     for name in methods:
         b = block(name, results)
-        identical = [r.identical_to_baseline(name) for r in results]
+        identical = [r.identical_to_baseline(name) for r in results] if compare_tokens else []
         report_methods[name] = {
             "tokens_per_second": b["tokens_per_second"],
             "speedup": b["speedup"],
             "mean_accepted_tokens": b["mean_accepted_tokens"],
             "new_tokens": sum(m.new_tokens for m in b["items"]),
             "wall_seconds": sum(m.seconds for m in b["items"]),
-            "identical_to_baseline": sum(1 for i in identical if i) if has_baseline else None,
+            "identical_to_baseline": sum(1 for i in identical if i) if compare_tokens else None,
             "prompts": len(results),
+            "distribution_check": _check(b["items"]),
         }
     categories: dict[str, dict] = {}
     for category in dict.fromkeys(r.record.category for r in results):
@@ -53,6 +69,6 @@ def summarize(results: list[PromptResult], environment: dict) -> dict:
         for name, m in r.methods.items():
             entry[name] = {"new_tokens": m.new_tokens, "wall_seconds": m.seconds,
                            "mean_accepted_tokens": m.mean_accepted_tokens,
-                           "identical_to_baseline": r.identical_to_baseline(name)}
+                           "identical_to_baseline": None if sampled else r.identical_to_baseline(name)}
         prompts.append(entry)
     return {"environment": environment, "methods": report_methods, "categories": categories, "prompts": prompts}

@@ -49,22 +49,40 @@ def _fmt(value, digits: int = 2, suffix: str = "") -> str:
     return "–" if value is None else f"{value:.{digits}f}{suffix}"
 
 
+def sampled(report: dict) -> bool:
+    return report["environment"].get("decoding", "greedy") != "greedy"
+
+
+def _distribution_cell(check: dict | None) -> str:
+    """z of the distribution check (about N(0, 1) for an exact sampler), and tokens outside the
+    check's support, if any."""
+    if not check or check.get("z") is None:
+        return "–"
+    outside = f" ({check['outside_support']} outside)" if check.get("outside_support") else ""
+    return f"{check['z']:+.2f}{outside}"
+
+
 def rows(report: dict) -> tuple[list[str], list[list[str]]]:
-    """The paper-style table: methods as rows, per-category speedups, then MAT, tok/s, speedup."""
+    """The paper-style table: methods as rows, per-category speedups, then MAT, tok/s, speedup, and
+    the identical-output count (greedy) or the distribution check's z (sampling)."""
     categories = list(report["categories"])
-    header = ["method", *categories, "MAT", "tok/s", "speedup", "identical"]
+    header = ["method", *categories, "MAT", "tok/s", "speedup", "dist. z" if sampled(report) else "identical"]
     body = []
     for name, m in report["methods"].items():
         cells = [_fmt(report["categories"][c][name]["speedup"], 2, "×") for c in categories]
-        identical = "–" if m["identical_to_baseline"] is None else f"{m['identical_to_baseline']}/{m['prompts']}"
+        if sampled(report):
+            last = _distribution_cell(m.get("distribution_check"))
+        else:
+            last = "–" if m["identical_to_baseline"] is None else f"{m['identical_to_baseline']}/{m['prompts']}"
         body.append([name, *cells, _fmt(m["mean_accepted_tokens"]), _fmt(m["tokens_per_second"], 1),
-                     _fmt(m["speedup"], 2, "×"), identical])
+                     _fmt(m["speedup"], 2, "×"), last])
     return header, body
 
 
 def environment_line(env: dict) -> str:
-    keys = ("model", "dtype", "device_name", "threads", "tree", "k", "max_new_tokens", "matrix", "torch", "transformers", "tr_version", "date")
-    return " · ".join(f"{k}: {env[k]}" for k in keys if k in env)
+    keys = ("model", "dtype", "device_name", "threads", "tree", "k", "decoding", "seed", "max_new_tokens", "matrix", "torch",
+            "transformers", "tr_version", "date")
+    return " · ".join(f"{k}: {env[k]}" for k in keys if env.get(k) is not None)
 
 
 def to_markdown(report: dict) -> str:
@@ -77,14 +95,17 @@ def to_markdown(report: dict) -> str:
 def to_csv(report: dict) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["method", "category", "tokens_per_second", "speedup", "mean_accepted_tokens", "identical_to_baseline", "prompts"])
+    writer.writerow(["method", "category", "tokens_per_second", "speedup", "mean_accepted_tokens", "identical_to_baseline", "prompts",
+                     "distribution_z"])
     for name, m in report["methods"].items():
+        check = m.get("distribution_check") or {}
         writer.writerow([name, "all", f"{m['tokens_per_second']:.4f}", _fmt(m["speedup"], 4), f"{m['mean_accepted_tokens']:.4f}",
-                         "" if m["identical_to_baseline"] is None else m["identical_to_baseline"], m["prompts"]])
+                         "" if m["identical_to_baseline"] is None else m["identical_to_baseline"], m["prompts"],
+                         "" if check.get("z") is None else f"{check['z']:.4f}"])
     for category, methods in report["categories"].items():
         for name, c in methods.items():
             writer.writerow([name, category, f"{c['tokens_per_second']:.4f}", _fmt(c["speedup"], 4),
-                             f"{c['mean_accepted_tokens']:.4f}", "", ""])
+                             f"{c['mean_accepted_tokens']:.4f}", "", "", ""])
     return out.getvalue()
 
 
@@ -97,7 +118,8 @@ def to_rich_table(report: dict):
     from rich.text import Text
 
     header, body = rows(report)
-    table = Table(title="tr bench: speedup over transformers greedy", title_justify="left",
+    baseline = "sampling" if sampled(report) else "greedy"
+    table = Table(title=f"tr bench: speedup over transformers {baseline}", title_justify="left",
                   caption=environment_line(report["environment"]), caption_justify="left")
     for i, column in enumerate(header):
         table.add_column(column, justify="left" if i == 0 else "right")

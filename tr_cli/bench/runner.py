@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..prompts import PromptRecord
+from .distribution import DistributionCheck
 from .methods import Run
 
 
@@ -17,6 +18,7 @@ class Measured:
     tokens: list[list[int]] = field(default_factory=list)  # per turn
     seconds: float = 0.0
     steps: int = 0
+    check: DistributionCheck | None = None  # sampled runs only
 
     @property
     def new_tokens(self) -> int:
@@ -52,10 +54,12 @@ class PromptResult:
 Runner = Callable[[list[int], int], Run]
 EncodeTurn = Callable[[list[tuple[str, str]], str], list[int]]  # (history of (user, reply), new user text) -> ids
 Progress = Callable[[int, str, dict[str, float]], None]  # prompt index, method, running speedups
+Check = Callable[[list[int], list[int]], DistributionCheck]  # (input ids, generated tokens) -> scores
 
 
 def median_run(runner: Runner, ids: list[int], max_new_tokens: int, repeats: int) -> Run:
-    """Run `repeats` times; the run of median wall time (greedy tokens are the same each time)."""
+    """Run `repeats` times; the run of median wall time (greedy tokens are the same each time;
+    sampled ones differ, and each run is a valid sample)."""
     runs = [runner(ids, max_new_tokens) for _ in range(repeats)]
     middle = statistics.median_low([r.seconds for r in runs])
     return next(r for r in runs if r.seconds == middle)
@@ -71,8 +75,10 @@ def run_bench(
     repeats: int = 1,
     warmup: int = 1,
     progress: Progress | None = None,
+    check: Check | None = None,
 ) -> list[PromptResult]:
-    """Multi-turn prompts run turn by turn, each next turn after the method's own answer."""
+    """Multi-turn prompts run turn by turn, each next turn after the method's own answer.
+    `check` scores every counted run's tokens (untimed), for the distribution check of sampling."""
     for record in prompts[:warmup]:
         ids = encode([], record.turns[0])
         for runner in runners.values():
@@ -86,8 +92,13 @@ def run_bench(
                 progress(index, name, running_speedups(results))
             history: list[tuple[str, str]] = []
             for text in texts:
-                run = median_run(runner, encode(history, text), max_new_tokens, repeats)
+                ids = encode(history, text)
+                run = median_run(runner, ids, max_new_tokens, repeats)
                 measured[name].add(run)
+                if check is not None:
+                    if measured[name].check is None:
+                        measured[name].check = DistributionCheck()
+                    measured[name].check.add(check(ids, run.tokens))
                 history.append((text, decode(run.tokens)))
         results.append(PromptResult(record, len(texts), measured))
     if progress:

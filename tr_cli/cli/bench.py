@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..bench.distribution import check_tokens
 from ..bench.methods import METHODS, HFGenerate, TokenRecycling
 from ..bench.metrics import summarize
 from ..bench.report import FORMATS, device_name, environment, render, to_rich_table
@@ -25,9 +26,15 @@ from .common import (
     KOpt,
     MatrixPathOpt,
     NoSaveOpt,
+    RepetitionPenaltyOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
     TreeOpt,
     load_with_progress,
     open_matrix,
+    sampling_config,
+    sampling_request,
     save_matrix,
     tree_option,
     stderr,
@@ -42,7 +49,7 @@ def _split(value: str) -> list[str]:
 def bench(
     prompts_file: str = typer.Argument(SAMPLE, metavar="[PROMPTS]", help="Spec-Bench JSONL, JSONL with \"prompt\", or plain text (blank-line separated). Default: the bundled sample."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model (default: the packaged smollm2)."),
-    methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated: baseline (HF greedy), pld (HF prompt lookup), tr."),
+    methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated: baseline (HF generate), pld (HF prompt lookup), tr."),
     tree: str = TreeOpt,
     k: int = KOpt,
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1),
@@ -59,9 +66,13 @@ def bench(
     dtype: str = DtypeOpt,
     fmt: str = typer.Option("table", "--format", help="table, md, csv or json."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report here instead of stdout."),
-    seed: int = typer.Option(0, "--seed", help="Random seed (greedy decoding does not depend on it)."),
+    temperature: float | None = TemperatureOpt,
+    top_p: float | None = TopPOpt,
+    top_k: int | None = TopKOpt,
+    repetition_penalty: float | None = RepetitionPenaltyOpt,
+    seed: int = typer.Option(0, "--seed", help="Seed of every method's sampling (greedy decoding does not depend on it)."),
 ) -> None:
-    """Benchmark Token Recycling against transformers greedy and prompt lookup decoding."""
+    """Benchmark Token Recycling against transformers generate (greedy, or sampling with --temperature) and prompt lookup decoding."""
     with user_errors():
         chosen = _split(methods)
         unknown = [m for m in chosen if m not in METHODS]
@@ -74,26 +85,32 @@ def bench(
         if output is not None and not output.parent.is_dir():
             raise UserError(f"--output {output}: directory {output.parent} does not exist")
         tree_spec = tree_option(tree, k)
+        request = sampling_request(temperature, top_p, top_k, repetition_penalty, seed)
         records = select_prompts(load_prompts(prompts_file), _split(categories or ""), per_category, limit, str(prompts_file))
         if not records:
             raise UserError(f"{prompts_file}: no prompts left to run")
 
-        torch.manual_seed(seed)
         loaded = load_with_progress(model, device, dtype)
+        sampling = sampling_config(request, loaded)
+        torch.manual_seed(seed)  # transformers' sampling draws from torch's global generator
         tok = loaded.tokenizer
         hot = open_matrix(loaded, k, matrix, cold, no_save) if "tr" in chosen else None
         runners = {}
         for name in chosen:
             if name == "tr":
-                runners[name] = TokenRecycling(loaded.model, hot.matrix, tree_spec, loaded.eos_token_ids).run
+                runners[name] = TokenRecycling(loaded.model, hot.matrix, tree_spec, loaded.eos_token_ids, sampling).run
             else:
-                runners[name] = HFGenerate(loaded.model, loaded.eos_token_ids, prompt_lookup=name == "pld").run
+                runners[name] = HFGenerate(loaded.model, loaded.eos_token_ids, prompt_lookup=name == "pld",
+                                           sampling=sampling).run
+        # Sampled outputs differ by chance: instead of comparing tokens, score each method's tokens
+        # under the model's distribution (untimed; bench/distribution.py).
+        check = None if sampling.is_greedy else (lambda ids, tokens: check_tokens(loaded.model, sampling, ids, tokens))
         env = environment(
             model=loaded.model_id, device=str(loaded.device), device_name=device_name(loaded.device),
             dtype=str(loaded.dtype).removeprefix("torch."), tree=f"{tree_spec.name} ({tree_spec.size} nodes)", k=k,
             max_new_tokens=max_new_tokens, prompts_file=str(prompts_file), turns=turns, warmup=warmup, repeats=repeats,
             matrix=hot.describe() if hot else "unused", matrix_updates_at_start=hot.start_update_count if hot else None,
-            methods=chosen,
+            methods=chosen, decoding=sampling.describe(), seed=None if sampling.is_greedy else seed,
         )
         if hot:
             stderr.print(f"[dim]{escape(hot.describe())}[/]")
@@ -112,11 +129,12 @@ def bench(
                     encode=lambda history, text: encode_conversation(tok, history, text),
                     decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
                     max_new_tokens=max_new_tokens, turns=turns, repeats=repeats, warmup=warmup, progress=progress,
+                    check=check,
                 )
         finally:
             if hot:
                 save_matrix(hot)
-        report = summarize(results, env)
+        report = summarize(results, env, sampled=not sampling.is_greedy)
         if fmt == "table":
             # A pipe or file has no width: give the table room instead of Rich's 80 columns.
             if output:

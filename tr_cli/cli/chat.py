@@ -49,10 +49,17 @@ from .common import (
     MatrixPathOpt,
     ModelArg,
     NoSaveOpt,
+    RepetitionPenaltyOpt,
+    SamplingSeedOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
     TreeOpt,
     fail,
     load_with_progress,
     open_matrix,
+    sampling_config,
+    sampling_request,
     tree_option,
     user_errors,
 )
@@ -236,7 +243,8 @@ class ChatApp:
         loaded, decoder = self.loaded, self.session.decoder
         self.err.print(Text(
             f"{loaded.model_id} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · "
-            f"tree {decoder.tree.name} ({decoder.tree.size} nodes) · {self.hot.describe()}", style="dim"))
+            f"tree {decoder.tree.name} ({decoder.tree.size} nodes) · {self.hot.describe()} · "
+            f"{decoder.sampling.describe()}", style="dim"))
         if not self.session.templated:
             self.warn(f"{loaded.model_id} has no chat template: plain-completion mode (your text is continued as written)")
 
@@ -418,6 +426,11 @@ def chat(
                              help="Panel under the reply: path (accepted draft path of each step), tree (the whole draft tree), off (plain text)."),
     no_color: bool = typer.Option(False, "--no-color", help="No colors (also: the NO_COLOR environment variable)."),
     each_line: bool = typer.Option(False, "--each-line", help="Piped input: every line is the next message of one conversation."),
+    temperature: float | None = TemperatureOpt,
+    top_p: float | None = TopPOpt,
+    top_k: int | None = TopKOpt,
+    repetition_penalty: float | None = RepetitionPenaltyOpt,
+    seed: int | None = SamplingSeedOpt,
     matrix: Path | None = MatrixPathOpt,
     cold: bool = ColdOpt,
     no_save: bool = NoSaveOpt,
@@ -431,6 +444,7 @@ def chat(
         if live not in LIVE_MODES:
             raise fail(f"--live {live}: use one of {', '.join(LIVE_MODES)}")
         tree_spec = tree_option(tree, k)
+        request = sampling_request(temperature, top_p, top_k, repetition_penalty, seed)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         messages: list[str] | None = None
         if not interactive:
@@ -442,10 +456,12 @@ def chat(
 
         loaded = load_with_progress(model, device, dtype)
         hot = open_matrix(loaded, k, matrix, cold, no_save)
-        decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, tree=tree_spec)
+        decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, tree=tree_spec,
+                                        sampling=sampling_config(request, loaded))
+        settings = Settings(max_new_tokens=max_new_tokens, live=live, temperature=temperature, top_p=top_p, top_k=top_k,
+                            repetition_penalty=repetition_penalty, seed=seed)
         session = ChatSession(
-            loaded.tokenizer, decoder, loaded.eos_token_ids, system=system,
-            settings=Settings(max_new_tokens=max_new_tokens, live=live),
+            loaded.tokenizer, decoder, loaded.eos_token_ids, system=system, settings=settings,
             max_positions=context_limit(loaded.model), model_id=loaded.model_id,
         )
         no_color_flag = True if no_color else None  # None: Rich follows NO_COLOR

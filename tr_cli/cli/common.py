@@ -13,6 +13,7 @@ from rich.console import Console
 
 from ..completion import complete_model
 from ..core import TreeSpec, resolve_tree
+from ..core.sampling import SamplingConfig, check_settings, ignored_generation_settings, wants_sampling
 from ..errors import UserError
 from ..hot_matrix import HotMatrix
 from ..models import DEFAULT_MODEL, LoadedModel, load_model
@@ -37,6 +38,11 @@ KOpt = typer.Option(8, "--k", min=1, help="Candidates kept per matrix row.")
 MatrixPathOpt = typer.Option(None, "--matrix", help="Use this matrix file instead of the model's stored one.")
 ColdOpt = typer.Option(False, "--cold", help="Start from an empty matrix (the stored one is not read).")
 NoSaveOpt = typer.Option(False, "--no-save", help="Do not write the matrix back at exit.")
+TemperatureOpt = typer.Option(None, "--temperature", help="Sample at this temperature (0 = greedy, the default). Sampling is lossless: the same distribution as transformers' generate(do_sample=True).")
+TopPOpt = typer.Option(None, "--top-p", help="Sample from the smallest set of likeliest tokens holding this probability (default: the model's generation config, else 1.0 = off). Turns sampling on.")
+TopKOpt = typer.Option(None, "--top-k", help="Sample from the K likeliest tokens (0 = off; default: the model's generation config, else 50 as in transformers). Turns sampling on.")
+RepetitionPenaltyOpt = typer.Option(None, "--repetition-penalty", help="Penalize tokens already in the conversation (>1; default: the model's generation config, else 1.0). Turns sampling on.")
+SamplingSeedOpt = typer.Option(None, "--seed", help="Seed of the sampler: the same seed on the same device gives the same tokens (default: random).")
 
 
 def fail(message: str) -> typer.Exit:
@@ -93,3 +99,42 @@ def save_matrix(hot: HotMatrix) -> None:
         return
     if rows:
         stderr.print(f"[dim]matrix: {rows:,} rows saved to {escape(str(hot.path))}[/]")
+
+
+def sampling_request(
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    repetition_penalty: float | None,
+    seed: int | None,
+) -> dict | None:
+    """The sampling options as given, checked before any model loads; None means greedy.
+
+    Sampling is on with --temperature above 0, or with --top-p/--top-k/--repetition-penalty and no
+    --temperature (the model's temperature then, else 1.0). --temperature 0 is greedy.
+    """
+    problem = check_settings(temperature, top_k, top_p, repetition_penalty, seed)
+    if problem:
+        flag = problem.split(" ", 1)[0].replace("_", "-")
+        raise UserError(f"--{flag}{problem[len(flag):]}")
+    others = {"--top-p": top_p, "--top-k": top_k, "--repetition-penalty": repetition_penalty}
+    given = [name for name, value in others.items() if value is not None]
+    if temperature == 0 and given:
+        raise UserError(f"{given[0]} needs sampling, but --temperature 0 is greedy decoding; drop one of them")
+    if not wants_sampling(temperature, top_p, top_k, repetition_penalty):
+        return None
+    return {"temperature": temperature, "top_p": top_p, "top_k": top_k, "repetition_penalty": repetition_penalty,
+            "seed": seed}
+
+
+def sampling_config(request: dict | None, loaded: LoadedModel) -> SamplingConfig:
+    """The request merged with the model's generation config (and transformers' defaults), as
+    generate(do_sample=True) would merge them; says which of the model's settings tr cannot apply."""
+    if request is None:
+        return SamplingConfig.greedy()
+    generation_config = getattr(loaded.model, "generation_config", None)
+    ignored = ignored_generation_settings(generation_config)
+    if ignored:
+        stderr.print(f"[yellow]tr: warning:[/] the model's generation config sets {escape(', '.join(ignored))}, "
+                     "which tr does not apply when sampling")
+    return SamplingConfig.resolve(generation_config, **request)

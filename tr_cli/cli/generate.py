@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from ..core import GenerationStats, StopCondition, TokenRecyclingDecoder
+from ..core.sampling import SamplingConfig
 from ..prompts import sample_prompts
 from ..text import IncrementalDecoder, encode_prompt
 from .common import (
@@ -21,10 +22,17 @@ from .common import (
     MatrixPathOpt,
     ModelArg,
     NoSaveOpt,
+    RepetitionPenaltyOpt,
+    SamplingSeedOpt,
+    TemperatureOpt,
+    TopKOpt,
+    TopPOpt,
     TreeOpt,
     fail,
     load_with_progress,
     open_matrix,
+    sampling_config,
+    sampling_request,
     save_matrix,
     tree_option,
     stderr,
@@ -39,7 +47,12 @@ def generate(
     tree: str = TreeOpt,
     k: int = KOpt,
     stop_strings: list[str] = typer.Option([], "--stop", help="Stop once the output contains this text (repeatable)."),
-    compare: bool = typer.Option(False, "--compare", help="Also run transformers' greedy generate: speedup and identical-output check."),
+    compare: bool = typer.Option(False, "--compare", help="Also run transformers' generate with the same settings: speedup, and (greedy) the identical-output check."),
+    temperature: float | None = TemperatureOpt,
+    top_p: float | None = TopPOpt,
+    top_k: int | None = TopKOpt,
+    repetition_penalty: float | None = RepetitionPenaltyOpt,
+    seed: int | None = SamplingSeedOpt,
     matrix: Path | None = MatrixPathOpt,
     cold: bool = ColdOpt,
     no_save: bool = NoSaveOpt,
@@ -49,6 +62,7 @@ def generate(
     """Generate a reply to one prompt with Token Recycling and print its stats."""
     with user_errors():
         tree_spec = tree_option(tree, k)
+        request = sampling_request(temperature, top_p, top_k, repetition_penalty, seed)
         if prompt == "-":
             prompt = sys.stdin.read()
         if prompt is None:
@@ -62,10 +76,11 @@ def generate(
             max_new_tokens, loaded.eos_token_ids, stop_strings,
             decode=lambda ids: loaded.tokenizer.decode(ids, skip_special_tokens=True),
         )
+        sampling = sampling_config(request, loaded)
         hot = open_matrix(loaded, k, matrix, cold, no_save)
-        decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, tree=tree_spec)
+        decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, tree=tree_spec, sampling=sampling)
 
-        stderr.print(f"[dim]{escape(loaded.model_id)} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · tree {tree_spec.name} ({tree_spec.size} nodes) · {torch.get_num_threads()} threads[/]")
+        stderr.print(f"[dim]{escape(loaded.model_id)} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · tree {tree_spec.name} ({tree_spec.size} nodes) · {torch.get_num_threads()} threads · {escape(sampling.describe())}[/]")
         stderr.print(f"[dim]{escape(hot.describe())}[/]")
         stderr.print(f"[bold]Prompt:[/] {escape(prompt.strip())}", markup=True, highlight=False)
         text = IncrementalDecoder(loaded.tokenizer)
@@ -92,25 +107,33 @@ def generate(
             f"finish: {stats.finish_reason}[/]"
         )
         if compare:
-            _compare(loaded, input_ids, max_new_tokens, stop_strings, tokens, stats.tokens_per_second)
+            _compare(loaded, input_ids, max_new_tokens, stop_strings, tokens, stats.tokens_per_second, sampling)
 
 
-def _compare(loaded, input_ids: list[int], max_new_tokens: int, stop_strings: list[str], tokens: list[int], tr_tps: float) -> None:
+def _compare(loaded, input_ids: list[int], max_new_tokens: int, stop_strings: list[str], tokens: list[int], tr_tps: float,
+             sampling: SamplingConfig) -> None:
     ids = torch.tensor([input_ids], device=loaded.device)
     pad = loaded.eos_token_ids[0] if loaded.eos_token_ids else 0
+    if not sampling.is_greedy:
+        torch.manual_seed(sampling.seed if sampling.seed is not None else 0)
     with torch.inference_mode():
         start = time.perf_counter()
         extra = {"stop_strings": stop_strings, "tokenizer": loaded.tokenizer} if stop_strings else {}
         out = loaded.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad, **extra
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, pad_token_id=pad,
+            **sampling.generate_kwargs(), **extra
         )
         seconds = time.perf_counter() - start
     baseline = out[0, len(input_ids):].tolist()
     base_tps = len(baseline) / seconds if seconds > 0 else 0.0
-    same = "identical" if baseline == tokens else f"differs from token {_first_difference(baseline, tokens)}"
+    if sampling.is_greedy:
+        same = "output identical" if baseline == tokens else f"output differs from token {_first_difference(baseline, tokens)}"
+    else:  # two independent samples of the same distribution: nothing to compare token by token
+        same = "sampled: outputs differ by chance (tr bench checks the distribution)"
+    label = "greedy" if sampling.is_greedy else "sampling"
     stderr.print(
-        f"[bold]transformers greedy:[/] {len(baseline)} tokens, {base_tps:.1f} tok/s · "
-        f"[bold]Token Recycling speedup {tr_tps / base_tps if base_tps else 0:.2f}×[/] · output {same}"
+        f"[bold]transformers {label}:[/] {len(baseline)} tokens, {base_tps:.1f} tok/s · "
+        f"[bold]Token Recycling speedup {tr_tps / base_tps if base_tps else 0:.2f}×[/] · {same}"
     )
 
 

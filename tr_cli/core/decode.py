@@ -225,7 +225,7 @@ class TokenRecyclingDecoder:
 
     @torch.inference_mode()
     def _prefill(self, ids: list[int]) -> tuple[int, StepTimings]:
-        """Run new tokens through the model in chunks; return the greedy next token."""
+        """Run new tokens through the model in chunks; return the next token (greedy or sampled)."""
         t0 = time.perf_counter()
         update = 0.0
         last_logits = None

@@ -170,6 +170,19 @@ def check_settings(
     return _check(temperature, top_k, top_p, repetition_penalty, seed)
 
 
+def wants_sampling(
+    temperature: float | None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    repetition_penalty: float | None = None,
+) -> bool:
+    """tr decodes greedily unless asked to sample: a temperature above 0, or no temperature but a
+    top-p, top-k or repetition penalty (then at the model's temperature). Temperature 0 is greedy."""
+    if temperature is not None:
+        return temperature > 0
+    return any(v is not None for v in (top_p, top_k, repetition_penalty))
+
+
 def ignored_generation_settings(generation_config: object | None) -> list[str]:
     """Sampling warpers the model's generation config turns on that tr does not apply ("typical_p=0.9")."""
     if generation_config is None:
