@@ -30,7 +30,9 @@ from tr_cli.core.sampling import (
     check_settings,
     children_of,
     draw,
+    generator_uniform,
     ignored_generation_settings,
+    positional_uniform,
     process_logits,
     sample_accept,
 )
@@ -217,11 +219,11 @@ def chi_square(counts: Counter, expected: dict, n: int) -> tuple[float, float]:
 
 def run_walk(tokens: list[int], logits: torch.Tensor, config: SamplingConfig, n: int, seed: int = 0,
              context: list[int] = (), accept=sample_accept) -> Counter:
-    g = torch.Generator().manual_seed(seed)
+    uniform = generator_uniform(torch.Generator().manual_seed(seed))
     tree_tokens = torch.tensor(tokens)
     counts: Counter = Counter()
     for _ in range(n):
-        acc = accept(tree_tokens, logits, BUFFERS, config, list(context), g)
+        acc = accept(tree_tokens, logits, BUFFERS, config, list(context), uniform)
         # The accepted nodes are a chain from the root carrying the accepted tokens.
         parent = 0
         for node, token in zip(acc.nodes, acc.tokens, strict=True):
@@ -282,7 +284,7 @@ def test_walk_emits_the_target_distribution(case, tokens, config):
 
 def literal_walk(renormalize: bool):
     """The walk as the issue states it (one uniform per child tried), or without renormalizing."""
-    def accept(tree_tokens, logits, buffers, config, context, generator):
+    def accept(tree_tokens, logits, buffers, config, context, uniform):
         tokens = tree_tokens.tolist()
         children = children_of(buffers.spec)
         node, nodes, accepted = 0, [], []
@@ -293,12 +295,12 @@ def literal_walk(renormalize: bool):
             for child in children[node]:
                 x = tokens[child]
                 mass = residual.sum() if renormalize else 1.0
-                if residual[x] > 0 and torch.rand((), generator=generator, dtype=torch.float64) < residual[x] / mass:
+                if residual[x] > 0 and uniform(0) < residual[x] / mass:
                     chosen = child
                     break
                 residual[x] = 0.0
             if chosen is None:
-                bonus = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+                bonus = draw(residual / residual.sum(), uniform(0))
                 from tr_cli.core.verify import Acceptance
                 return Acceptance(nodes, accepted, bonus)
             nodes.append(chosen)
@@ -321,11 +323,12 @@ def test_literal_walk_agrees_and_the_statistic_catches_a_wrong_one():
 
 def test_draw_never_returns_a_zero_probability_token():
     probs = torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0])
-    g = torch.Generator().manual_seed(0)
-    drawn = Counter(draw(probs, g) for _ in range(2000))
+    uniform = positional_uniform(1)
+    drawn = Counter(draw(probs, uniform(i)) for i in range(2000))
     assert set(drawn) == {1, 3} and abs(drawn[1] - 1000) < 150
-    # Everything on the last token: the upper end of the CDF is never past it.
-    assert {draw(torch.tensor([0.0, 0.0, 1.0]), g) for _ in range(200)} == {2}
+    # The ends of [0, 1): the lowest uniform takes the first token with mass, the highest the last.
+    assert draw(probs, 0.0) == 1 and draw(probs, 1 - 2**-53) == 3
+    assert draw(torch.tensor([0.0, 0.0, 1.0]), 1 - 2**-53) == 2 and draw(torch.tensor([0.0, 0.0, 1.0]), 0.0) == 2
 
 
 # --- the decoder --------------------------------------------------------------------------------
@@ -341,13 +344,14 @@ def generate(model, config: SamplingConfig | None, prompt: list[int], n: int, ma
 
 
 def plain_sampling(model, config: SamplingConfig, prompt: list[int], n: int) -> list[int]:
-    """Token-by-token sampling with the same random stream: full forward, process, draw."""
-    g = torch.Generator().manual_seed(config.seed)
+    """Token-by-token sampling with the same uniforms: full forward, process, draw the token at
+    each position with the Sampler's uniform for it."""
     ids = list(prompt)
+    uniform = Sampler(config).uniforms(ids)  # one conversation: the list grows in place
     with torch.inference_mode():
         for _ in range(n):
             logits = model(torch.tensor([ids])).logits[0, -1]
-            ids.append(draw(process_logits(logits, config, ids), g))
+            ids.append(draw(process_logits(logits, config, ids), uniform(len(ids))))
     return ids[len(prompt):]
 
 
@@ -372,6 +376,31 @@ def test_seeded_sampling_is_reproducible_and_independent_of_the_drafts(llama):
     assert cold == warm == small_tree == plain_sampling(llama, config, prompt, 40)
     other_seed = generate(llama, config.with_changes(seed=8), prompt, 40)
     assert other_seed != cold
+
+
+def test_seeded_conversation_does_not_depend_on_the_drafts_turn_after_turn(llama):
+    """A stop condition cuts drafted tokens off a step, more or fewer depending on the drafts: the
+    next turns still get the same tokens, since a token's uniform depends on its position only."""
+    config = SamplingConfig(temperature=0.3, top_k=0, top_p=1.0, seed=11)  # peaked: long accepted drafts
+    turns = ([31, 32, 33], [34, 35], [36], [37, 38])
+
+    def conversation(matrix=None, tree=None) -> tuple[list[list[int]], int]:
+        decoder = TokenRecyclingDecoder(llama, matrix=matrix, tree=tree, sampling=config)
+        replies, cuts = [], 0
+        for ids in turns:
+            result = decoder.generate(ids, StopCondition.build(4, []), keep_events=True)
+            replies.append(result.tokens)
+            last = result.events[-1]
+            cuts += last.step > 0 and last.bonus is None  # the step's bonus (at least) was cut off
+        return replies, cuts
+
+    cold, _ = conversation()
+    warm_matrix = TokenRecyclingDecoder(llama, sampling=config)
+    for ids in turns * 3:  # warm a matrix on this very conversation: drafts reach far
+        warm_matrix.generate(ids, StopCondition.build(4, []))
+    warm, cuts = conversation(matrix=warm_matrix.matrix.clone())
+    assert cuts > 0
+    assert cold == warm == conversation(tree=TreeSpec.from_paths("t", [[0], [0, 0]]))[0]
 
 
 def test_set_sampling_restarts_the_stream_and_switches_modes(llama):

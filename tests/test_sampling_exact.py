@@ -147,8 +147,13 @@ def test_token_recycling_samples_the_exact_joint_distribution(model, name, confi
     assert all(stat < critical for stat, critical, _ in stats.values()), stats
 
 
-def unnormalized_walk(tree_tokens, logits, buffers, config, context_ids, generator) -> Acceptance:
-    """A wrong walk: accepts child x with p(x) rather than p(x) renormalized over what is left."""
+WRONG_WALK_RANDOM = torch.Generator().manual_seed(7)
+
+
+def unnormalized_walk(tree_tokens, logits, buffers, config, context_ids, uniform) -> Acceptance:
+    """A wrong walk: accepts child x with p(x) rather than p(x) renormalized over what is left
+    (one uniform per child tried, from its own generator)."""
+    generator = WRONG_WALK_RANDOM
     tokens = tree_tokens.tolist()
     children = children_of(buffers.spec)
     node, nodes, accepted = 0, [], []

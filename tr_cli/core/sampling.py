@@ -25,18 +25,24 @@ Implementation of that walk: one uniform u per emitted token draws y ~ p by inve
 x_i is accepted iff y == x_i for the first such i. Given that x_1..x_{i-1} were rejected (y is none
 of them), P(y == x_i) = p(x_i) / (1 - sum_{j<i} p(x_j)), which is exactly the acceptance above, and
 when all are rejected y is distributed as the remaining p renormalized: the same walk, with its
-randomness coupled so that every emitted token consumes exactly one uniform, in order. Hence the
-tokens of a seeded run do not depend on the drafts (matrix state, tree): the same seed gives the
-same tokens whether the matrix is cold or hot, as long as the logits are the same. Siblings with
-the same token have the same context, hence the same distribution after them: the walk follows all
-of them at once (a later duplicate is never a second chance for a rejected token), which changes
-how deep the drafts reach, never which token comes out.
+randomness coupled so that each emitted token takes one uniform. Siblings with the same token have
+the same context, hence the same distribution after them: the walk follows all of them at once (a
+later duplicate is never a second chance for a rejected token), which changes how deep the drafts
+reach, never which token comes out.
+
+The uniform of a token is a function of its position in the conversation and a key drawn per
+conversation from a torch.Generator seeded with the seed (Sampler). So a seeded run's tokens depend
+neither on the drafts (matrix state, tree) nor on how many drafted tokens a stop condition cut off:
+the same seed gives the same tokens with a cold or a hot matrix, turn after turn, as long as the
+logits are the same. A cut token's uniform may serve the next turn's token at that position; that
+is still exact, as a token that never entered the conversation influences nothing after it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -249,17 +255,34 @@ def process_logits(
     return _probabilities(logits_row, config, seen)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """One token from `probs` (V,) by inverse CDF with the generator's next uniform.
+# The uniform in [0, 1) for the token at a position of the conversation.
+Uniform = Callable[[int], float]
+
+
+def generator_uniform(generator: torch.Generator) -> Uniform:
+    """Uniforms taken one after the other from a torch.Generator (the position is ignored)."""
+    return lambda position: float(torch.rand((), generator=generator, dtype=torch.float64))
+
+
+def positional_uniform(key: int) -> Uniform:
+    """u(position): 53 bits of a BLAKE2b hash of (key, position), so any position can be drawn in
+    any order and drawing it again gives the same number."""
+    def uniform(position: int) -> float:
+        digest = hashlib.blake2b(key.to_bytes(8, "little") + position.to_bytes(8, "little"), digest_size=8).digest()
+        return (int.from_bytes(digest, "little") >> 11) * 2.0**-53
+    return uniform
+
+
+def draw(probs: torch.Tensor, u: float) -> int:
+    """The token of `probs` (V,) at uniform u in [0, 1), by inverse CDF.
 
     A zero-probability token is never returned: its CDF entry equals its predecessor's exactly.
     """
-    u = torch.rand((), generator=generator, dtype=torch.float64)
     acc = torch.float32 if probs.device.type == "mps" else torch.float64  # MPS has no float64
     cdf = probs.to(acc).cumsum(0)
     total = cdf[-1]
     # u < 1, but u * total may round up to total: keep the target strictly below it.
-    target = torch.minimum(u.to(device=cdf.device, dtype=acc) * total, torch.nextafter(total, total.new_zeros(())))
+    target = torch.minimum(total * u, torch.nextafter(total, total.new_zeros(())))
     return int(torch.searchsorted(cdf, target.view(1), right=True))
 
 
@@ -278,12 +301,13 @@ def sample_accept(
     buffers: TreeBuffers,
     config: SamplingConfig,
     context_ids: Sequence[int],
-    generator: torch.Generator,
+    uniform: Uniform,
 ) -> Acceptance:
     """The exact acceptance walk (module docstring) over one verified tree.
 
     tree_tokens: (n+1,) with the root (the last emitted token) first; logits: (n+1, V), row i the
-    model's logits after node i; context_ids: the conversation up to and including the root. Only
+    model's logits after node i; context_ids: the conversation up to and including the root;
+    uniform(position) gives the uniform of the token drawn at that conversation position. Only
     the rows the walk visits are processed (accepted nodes + 1). `correct` marks the nodes whose
     token is the one drawn after their parent (the root too), like greedy_accept's argmax match;
     nodes under a mismatch are False, as the acceptance statistics never count them.
@@ -302,7 +326,7 @@ def sample_accept(
     accepted: list[int] = []
     right = [0]  # nodes whose token is the one drawn after their parent (for acceptance statistics)
     while True:
-        y = draw(_probabilities(logits[frontier[0][0]], config, seen), generator)
+        y = draw(_probabilities(logits[frontier[0][0]], config, seen), uniform(len(context_ids) + len(accepted)))
         matched = [(c, path + (c,)) for node, path in frontier for c in children[node] if tokens[c] == y]
         if not matched:
             correct = torch.zeros(len(tokens), dtype=torch.bool)
@@ -316,8 +340,13 @@ def sample_accept(
 
 
 class Sampler:
-    """A SamplingConfig with its random stream (a CPU torch.Generator: the same seed gives the same
-    uniforms on every device). Every emitted token consumes exactly one uniform, in order."""
+    """A SamplingConfig with its randomness: a CPU torch.Generator seeded with the seed (the same
+    numbers on every device) draws one key per conversation; a token's uniform is
+    positional_uniform(key)(its position in the conversation).
+
+    A conversation is one `context_ids` list object, grown in place (the decoder's token list; a
+    reset makes a new one). A new conversation gets the next key, so /retry or the next bench
+    prompt samples afresh, while a seeded run replays exactly."""
 
     def __init__(self, config: SamplingConfig) -> None:
         if config.is_greedy:
@@ -328,11 +357,21 @@ class Sampler:
             self.generator.seed()  # a fresh nondeterministic seed
         else:
             self.generator.manual_seed(config.seed)
+        self._conversation: Sequence[int] | None = None
+        self._uniform: Uniform | None = None
+
+    def uniforms(self, context_ids: Sequence[int]) -> Uniform:
+        """The uniforms of the conversation `context_ids` belongs to."""
+        if context_ids is not self._conversation or self._uniform is None:
+            key = int(torch.randint(0, 2**63 - 1, (), generator=self.generator))
+            self._conversation, self._uniform = context_ids, positional_uniform(key)
+        return self._uniform
 
     def first_token(self, logits_row: torch.Tensor, context_ids: Sequence[int]) -> int:
         """The token after a prefill, sampled from the processed distribution."""
-        return draw(process_logits(logits_row, self.config, context_ids), self.generator)
+        probs = process_logits(logits_row, self.config, context_ids)
+        return draw(probs, self.uniforms(context_ids)(len(context_ids)))
 
     def accept(self, tree_tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffers,
                context_ids: Sequence[int]) -> Acceptance:
-        return sample_accept(tree_tokens, logits, buffers, self.config, context_ids, self.generator)
+        return sample_accept(tree_tokens, logits, buffers, self.config, context_ids, self.uniforms(context_ids))
