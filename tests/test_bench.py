@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from tr_cli.bench.distribution import DistributionCheck, check_tokens
 from tr_cli.bench.methods import Run
 from tr_cli.bench.metrics import summarize
-from tr_cli.bench.report import render
+from tr_cli.bench.report import rows, render
 from tr_cli.bench.runner import run_bench
 from tr_cli.cli import app
 from tr_cli.errors import UserError
@@ -87,7 +87,7 @@ def test_metrics_identical_check_and_schema():
     report = summarize(results, {"model": "fake"})
     assert set(report) == {"environment", "methods", "categories", "prompts"}
     keys = {"tokens_per_second", "speedup", "mean_accepted_tokens", "new_tokens", "wall_seconds", "identical_to_baseline", "prompts",
-            "distribution_check"}
+            "distribution_check", "speedup_vs_ar", "step_split"}
     assert set(report["methods"]["baseline"]) == keys == set(report["methods"]["tr"])
     base, tr = report["methods"]["baseline"], report["methods"]["tr"]
     assert base["new_tokens"] == 8 and base["wall_seconds"] == 4.0 and base["tokens_per_second"] == 2.0
@@ -97,7 +97,8 @@ def test_metrics_identical_check_and_schema():
     assert base["identical_to_baseline"] == 2 and tr["identical_to_baseline"] == 1 and tr["prompts"] == 2
     assert tr["distribution_check"] is None  # greedy
     assert report["categories"]["qa"]["tr"]["speedup"] == 2.0
-    assert set(report["categories"]["rag"]["tr"]) == {"speedup", "mean_accepted_tokens", "tokens_per_second"}
+    assert set(report["categories"]["rag"]["tr"]) == {"speedup", "mean_accepted_tokens", "tokens_per_second", "speedup_vs_ar"}
+    assert tr["speedup_vs_ar"] is None and tr["step_split"] is None  # no ar method, no phase timings
     by_id = {p["id"]: p for p in report["prompts"]}
     assert by_id["a"]["tr"]["identical_to_baseline"] is True and by_id["b"]["tr"]["identical_to_baseline"] is False
     assert set(by_id["a"]["tr"]) == {"new_tokens", "wall_seconds", "mean_accepted_tokens", "identical_to_baseline"}
@@ -105,6 +106,47 @@ def test_metrics_identical_check_and_schema():
     md = render(report, "md")
     assert "| tr | 2.00× | 2.00× |" in md
     assert "tr,all,4.0000,2.0000" in render(report, "csv")
+
+
+def test_ar_ratio_and_step_split():
+    """With `ar` in the run every method also gets its speedup over ar; our decoders report how
+    their step time splits and the share outside the forward."""
+    prompts = [PromptRecord("a", "qa", ("xx",))]
+    outputs = {2: [1, 2, 3, 4, 5]}
+
+    def timed(seconds: float, steps: int, phases: dict[str, float]):
+        return lambda ids, n: Run(outputs[len(ids)][:n], seconds, steps, phases)
+
+    runners = {
+        "baseline": fake_runner(outputs, 4.0, 1.0),
+        "ar": timed(2.0, 4, {"draft": 0.0, "forward": 1.8, "verify": 0.1, "update": 0.1}),
+        "tr": timed(1.0, 2, {"draft": 0.01, "forward": 0.9, "verify": 0.05, "update": 0.04}),
+    }
+    report = summarize(run_bench(runners, prompts, encode=lambda h, t: [0] * len(t), decode=str, max_new_tokens=10,
+                                 warmup=0), {"model": "fake"})
+    tr, ar = report["methods"]["tr"], report["methods"]["ar"]
+    assert tr["speedup"] == 4.0 and tr["speedup_vs_ar"] == 2.0 and ar["speedup_vs_ar"] == 1.0
+    assert report["methods"]["baseline"]["step_split"] is None
+    assert tr["step_split"]["step_ms"] == pytest.approx({"draft": 5.0, "forward": 450.0, "verify": 25.0, "update": 20.0})
+    assert tr["step_split"]["outside_forward"] == pytest.approx(0.1)
+    assert report["categories"]["qa"]["tr"]["speedup_vs_ar"] == 2.0
+    header, body = rows(report)
+    assert header[-3:] == ["vs ar", "outside fwd", "identical"]
+    assert body[2][-3:] == ["2.00×", "10.0%", "1/1"]
+
+
+def test_method_names_and_tree_variants():
+    from tr_cli.bench.methods import parse_methods, variant_tree
+
+    assert parse_methods(["baseline", "ar", "tr", "tr:paper"]) == ["baseline", "ar", "tr", "tr:paper"]
+    for bad in (["bogus"], ["tr:"], ["tr", "tr"], []):
+        with pytest.raises(ValueError, match="--methods"):
+            parse_methods(bad)
+    assert variant_tree("tr:paper") == ("paper", None)
+    assert variant_tree("tr:auto+lookup0") == ("auto", 0)
+    assert variant_tree("tr:trees/x.json") == ("trees/x.json", None)
+    with pytest.raises(ValueError, match="lookup length"):
+        variant_tree("tr:paper+lookupX")
 
 
 def test_sampled_report_checks_distributions_instead_of_tokens():
@@ -132,7 +174,7 @@ def test_sampled_report_checks_distributions_instead_of_tokens():
                                         "z": pytest.approx(2 ** -0.5), "outside_support": 0}
     assert all(p["tr"]["identical_to_baseline"] is None for p in report["prompts"])
     md = render(report, "md")
-    assert "| dist. z |" in md and "| tr | 2.00× | 2.00× | 2.00 | 4.0 | 2.00× | +0.71 |" in md and "identical" not in md
+    assert "| dist. z |" in md and "| tr | 2.00× | 2.00× | 2.00 | 4.0 | 2.00× | – | +0.71 |" in md and "identical" not in md
     assert "tr,all,4.0000,2.0000,2.0000,,2,0.7071" in render(report, "csv")
 
 
@@ -176,7 +218,9 @@ def test_next_turn_follows_the_methods_own_answer():
     (["--categories", "poetry"], "poetry not in"),
     (["--format", "xml"], "--format xml"),
     (["--turns", "2"], "--turns 2"),
-    (["--k", "4"], "uses candidate slot 7"),
+    (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
+    (["--methods", "baseline,tr:bushy"], "unknown tree"),
+    (["--methods", "tr:paper+lookupX"], "lookup length must be a number"),
     (["--temperature", "-1"], "--temperature must be 0 (greedy) or more"),
     (["--top-p", "2"], "--top-p must be between 0 and 1"),
     (["--top-k", "-2"], "--top-k must be 0 (off) or more"),

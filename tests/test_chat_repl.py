@@ -109,7 +109,7 @@ def test_two_turns_every_command_and_multiline(tiny, tmp_path):
     assert "Unknown command /x — /help lists them" in out
     assert out.count("/clear          forget the conversation") == 2  # /help and /?
     assert "max_new_tokens  8" in out and "decoding        greedy" in out
-    assert "draft tree paper: 80 nodes" in out and "<|im_start|>" in out and "rows filled" in out
+    assert "draft tree paper (80 nodes): depth 6" in out and "<|im_start|>" in out and "rows filled" in out
     assert "usage: /show settings|model|template|matrix" in out
     assert "max_new_tokens = 6" in out and "live = tree" in out and "live = off" in out and "verbose = on" in out
     assert "seed = 9 (greedy)" in out

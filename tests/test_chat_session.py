@@ -173,7 +173,7 @@ def test_context_full_is_a_message_not_a_crash(tiny):
     session = new_session(tiny, max_new_tokens=50)
     session.max_positions = 80
     turn(session, "Hello there")
-    assert len(session.decoder.tokens) <= 80 - session.decoder.tree.depth  # reply capped to the room left
+    assert len(session.decoder.tokens) <= 80 - session.decoder.max_depth  # reply capped to the room left
     with pytest.raises(ContextFull, match="/clear"):
         session.reply("More?")
     assert [m["role"] for m in session.messages] == ["user", "assistant"]

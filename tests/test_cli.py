@@ -73,7 +73,7 @@ def test_bad_options_are_one_line_errors(tmp_path):
     for args, expected in [
         (["--tree", "bushy"], "unknown tree"),
         (["--tree", str(bad_tree)], "not a tree spec"),
-        (["--k", "4"], "uses candidate slot 7"),
+        (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
         (["--dtype", "float8"], "unknown dtype"),
         (["--device", "tpu"], "unknown device"),
         (["--temperature", "-1"], "--temperature must be 0 (greedy) or more, got -1.0"),

@@ -406,7 +406,7 @@ class ChatSession:
         if self.max_positions is None:
             return wanted
         held = 0 if rebuild else len(self.decoder.tokens)
-        room = self.max_positions - held - n_input - self.decoder.tree.depth
+        room = self.max_positions - held - n_input - self.decoder.max_depth
         if room < 1:
             raise ContextFull(
                 f"the conversation fills the model's context ({self.max_positions:,} tokens); /clear starts a new one"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .core import TokenRecyclingDecoder, TreeSpec
+from .core import PRESETS, TokenRecyclingDecoder, TreeSpec
 from .core.acceptance_stats import AcceptanceStats
 from .core.cost_model import CostModel
 from .core.lookup import DEFAULT_LOOKUP_LENGTH
@@ -136,7 +136,8 @@ def build_decoder(
     **kwargs,
 ) -> TokenRecyclingDecoder:
     """A decoder for the --tree choice; `auto` calibrates (or reads the cached calibration) first."""
-    decoder = TokenRecyclingDecoder(model, matrix=matrix, tree=choice.spec, stats=stats,
+    # `auto` starts from no tree (valid for any k) until the cost model is in hand.
+    decoder = TokenRecyclingDecoder(model, matrix=matrix, tree=choice.spec or PRESETS["none"], stats=stats,
                                     lookup_length=choice.lookup_length, **kwargs)
     if choice.spec is None:
         decoder.use_cost_model(load_or_calibrate(decoder, model_id, status=status))

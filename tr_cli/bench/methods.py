@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import StopCondition, TokenRecyclingDecoder, TreeSpec
+from ..core import StopCondition, TokenRecyclingDecoder
 from ..core.sampling import SamplingConfig
 
-METHODS = ("baseline", "pld", "tr")
+METHODS = ("baseline", "pld", "ar", "tr")
+PHASES = ("draft", "forward", "verify", "update")
 PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
 
 
@@ -23,6 +24,7 @@ class Run:
     tokens: list[int]
     seconds: float
     steps: int  # decoding forward passes after the prefill
+    phases: dict[str, float] | None = None  # our decoder's step time split (seconds), PHASES keys
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -74,15 +76,41 @@ class HFGenerate:
 
 
 class TokenRecycling:
-    """Our decoder on the (shared, hot) matrix; every prompt starts a fresh conversation. A sampling
-    config's random stream runs on across prompts (seeded once)."""
+    """Our decoder (any tree, `none` for `ar`); every prompt starts a fresh conversation and the
+    matrix carries over. A sampling config's random stream runs on across prompts (seeded once)."""
 
-    def __init__(self, model: torch.nn.Module, matrix: torch.Tensor, tree: TreeSpec, eos_token_ids: list[int],
-                 sampling: SamplingConfig | None = None) -> None:
-        self.decoder = TokenRecyclingDecoder(model, matrix=matrix, tree=tree, sampling=sampling)
+    def __init__(self, decoder: TokenRecyclingDecoder, eos_token_ids: list[int]) -> None:
+        self.decoder = decoder
         self.eos = eos_token_ids
 
     def run(self, ids: list[int], max_new_tokens: int) -> Run:
         self.decoder.reset()
         result = self.decoder.generate(ids, StopCondition.build(max_new_tokens, self.eos))
-        return Run(result.tokens, result.stats.wall_seconds, result.stats.steps)
+        stats = result.stats
+        phases = {name: getattr(stats, f"{name}_seconds") for name in PHASES}
+        return Run(result.tokens, stats.wall_seconds, stats.steps, phases)
+
+
+def parse_methods(names: list[str]) -> list[str]:
+    """Known methods, plus `tr:TREE` variants (e.g. tr:paper, tr:auto, tr:none+lookup10); raises
+    ValueError naming the first unknown one."""
+    for name in names:
+        if name not in METHODS and not (name.startswith("tr:") and len(name) > 3):
+            raise ValueError(f"--methods: unknown method {name}; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper)")
+    if len(set(names)) != len(names):
+        raise ValueError("--methods: a method is listed twice")
+    if not names:
+        raise ValueError(f"--methods: no method given; choose from {', '.join(METHODS)}")
+    return names
+
+
+def variant_tree(name: str) -> tuple[str, int | None]:
+    """'tr:paper' -> ('paper', None); 'tr:auto+lookup0' -> ('auto', 0)."""
+    tree = name.split(":", 1)[1]
+    if "+lookup" in tree:
+        tree, _, length = tree.rpartition("+lookup")
+        try:
+            return tree, int(length)
+        except ValueError:
+            raise ValueError(f"--methods {name}: the lookup length must be a number, e.g. tr:paper+lookup10") from None
+    return tree, None

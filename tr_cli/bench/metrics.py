@@ -16,6 +16,21 @@ def _mat(items: list[Measured]) -> float:
     return sum(m.step_tokens for m in items) / steps if steps else 1.0
 
 
+def _step_split(items: list[Measured]) -> dict | None:
+    """Mean ms per step of each phase of our decoder, and the share outside the model's forward."""
+    timed = [m for m in items if m.phases is not None]
+    steps = sum(m.steps for m in timed)
+    if not timed or not steps:
+        return None
+    totals: dict[str, float] = {}
+    for m in timed:
+        for name, seconds in m.phases.items():
+            totals[name] = totals.get(name, 0.0) + seconds
+    step = sum(totals.values())
+    return {"step_ms": {name: seconds / steps * 1e3 for name, seconds in totals.items()},
+            "outside_forward": 1.0 - totals.get("forward", 0.0) / step if step else None}
+
+
 def _check(items: list[Measured]) -> dict | None:
     checks = [m.check for m in items if m.check is not None]
     if not checks:
@@ -32,14 +47,16 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
     distribution."""
     methods = list(results[0].methods) if results else []
     has_baseline = "baseline" in methods
+    has_ar = "ar" in methods
     compare_tokens = has_baseline and not sampled
 
     def block(name: str, subset: list[PromptResult]) -> dict:
         items = [r.methods[name] for r in subset]
         rate = _rate(items)
         base = _rate([r.methods["baseline"] for r in subset]) if has_baseline else 0.0
+        ar = _rate([r.methods["ar"] for r in subset]) if has_ar else 0.0
         return {"tokens_per_second": rate, "speedup": rate / base if base else None, "mean_accepted_tokens": _mat(items),
-                "items": items}
+                "speedup_vs_ar": rate / ar if ar else None, "items": items}
 
     report_methods = {}
     for name in methods:
@@ -54,6 +71,9 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
             "identical_to_baseline": sum(1 for i in identical if i) if compare_tokens else None,
             "prompts": len(results),
             "distribution_check": _check(b["items"]),
+            # Against `ar` (tr's own forward, one token per step): the gain of speculation alone.
+            "speedup_vs_ar": b["speedup_vs_ar"],
+            "step_split": _step_split(b["items"]),
         }
     categories: dict[str, dict] = {}
     for category in dict.fromkeys(r.record.category for r in results):
@@ -62,7 +82,7 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
         for name in methods:
             b = block(name, subset)
             categories[category][name] = {"speedup": b["speedup"], "mean_accepted_tokens": b["mean_accepted_tokens"],
-                                          "tokens_per_second": b["tokens_per_second"]}
+                                          "tokens_per_second": b["tokens_per_second"], "speedup_vs_ar": b["speedup_vs_ar"]}
     prompts = []
     for r in results:
         entry: dict = {"id": r.record.id, "category": r.record.category, "turns": r.turns}

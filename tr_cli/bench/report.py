@@ -66,21 +66,26 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
     """The paper-style table: methods as rows, per-category speedups, then MAT, tok/s, speedup, and
     the identical-output count (greedy) or the distribution check's z (sampling)."""
     categories = list(report["categories"])
-    header = ["method", *categories, "MAT", "tok/s", "speedup", "dist. z" if sampled(report) else "identical"]
+    with_ar = "ar" in report["methods"]
+    header = ["method", *categories, "MAT", "tok/s", "speedup", *(["vs ar"] if with_ar else []), "outside fwd",
+              "dist. z" if sampled(report) else "identical"]
     body = []
     for name, m in report["methods"].items():
+        split = m.get("step_split") or {}
+        outside = _fmt(100 * split["outside_forward"], 1, "%") if split.get("outside_forward") is not None else "–"
+        extra = [_fmt(m.get("speedup_vs_ar"), 2, "×")] if with_ar else []
         cells = [_fmt(report["categories"][c][name]["speedup"], 2, "×") for c in categories]
         if sampled(report):
             last = _distribution_cell(m.get("distribution_check"))
         else:
             last = "–" if m["identical_to_baseline"] is None else f"{m['identical_to_baseline']}/{m['prompts']}"
         body.append([name, *cells, _fmt(m["mean_accepted_tokens"]), _fmt(m["tokens_per_second"], 1),
-                     _fmt(m["speedup"], 2, "×"), last])
+                     _fmt(m["speedup"], 2, "×"), *extra, outside, last])
     return header, body
 
 
 def environment_line(env: dict) -> str:
-    keys = ("model", "dtype", "device_name", "threads", "tree", "k", "decoding", "seed", "max_new_tokens", "matrix", "torch",
+    keys = ("model", "dtype", "device_name", "threads", "tree", "trees", "k", "decoding", "seed", "max_new_tokens", "matrix", "torch",
             "transformers", "tr_version", "date")
     return " · ".join(f"{k}: {env[k]}" for k in keys if env.get(k) is not None)
 

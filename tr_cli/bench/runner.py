@@ -19,6 +19,7 @@ class Measured:
     seconds: float = 0.0
     steps: int = 0
     check: DistributionCheck | None = None  # sampled runs only
+    phases: dict[str, float] | None = None  # our decoders' step time split, summed over turns
 
     @property
     def new_tokens(self) -> int:
@@ -37,6 +38,10 @@ class Measured:
         self.tokens.append(run.tokens)
         self.seconds += run.seconds
         self.steps += run.steps
+        if run.phases is not None:
+            self.phases = self.phases or dict.fromkeys(run.phases, 0.0)
+            for name, seconds in run.phases.items():
+                self.phases[name] += seconds
 
 
 @dataclass

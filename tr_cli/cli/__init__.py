@@ -12,7 +12,7 @@ from .matrix import app as matrix_app
 
 app = typer.Typer(
     name="tr",
-    help="Token Recycling: faster greedy decoding for any transformers model, no training.",
+    help="Token Recycling: faster lossless decoding (greedy or sampled) for any transformers model, no training.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     add_completion=True,
@@ -29,7 +29,7 @@ def _version(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
 ) -> None:
-    """Token Recycling: faster greedy decoding for any transformers model, no training."""
+    """Token Recycling: faster lossless decoding (greedy or sampled) for any transformers model, no training."""
 
 
 app.command()(chat)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..bench.distribution import check_tokens
-from ..bench.methods import METHODS, HFGenerate, TokenRecycling
+from ..bench.methods import HFGenerate, TokenRecycling, parse_methods, variant_tree
 from ..bench.metrics import summarize
 from ..bench.report import FORMATS, device_name, environment, render, to_rich_table
 from ..bench.runner import run_bench
@@ -24,6 +25,7 @@ from .common import (
     DeviceOpt,
     DtypeOpt,
     KOpt,
+    LookupOpt,
     MatrixPathOpt,
     NoSaveOpt,
     RepetitionPenaltyOpt,
@@ -32,11 +34,13 @@ from .common import (
     TopPOpt,
     TreeOpt,
     load_with_progress,
+    make_decoder,
     open_matrix,
     sampling_config,
     sampling_request,
     save_matrix,
     tree_option,
+    tree_summary,
     stderr,
     user_errors,
 )
@@ -49,8 +53,9 @@ def _split(value: str) -> list[str]:
 def bench(
     prompts_file: str = typer.Argument(SAMPLE, metavar="[PROMPTS]", help="Spec-Bench JSONL, JSONL with \"prompt\", or plain text (blank-line separated). Default: the bundled sample."),
     model: str | None = typer.Option(None, "--model", "-m", help="Model (default: the packaged smollm2)."),
-    methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated: baseline (HF generate), pld (HF prompt lookup), tr."),
+    methods: str = typer.Option("baseline,pld,tr", "--methods", help="Comma-separated: baseline (HF generate), pld (HF prompt lookup), ar (tr's own forward, one token per step: what speculation alone adds), tr (with --tree/--lookup), tr:TREE variants on a copy of the matrix (e.g. tr:paper, tr:auto+lookup0)."),
     tree: str = TreeOpt,
+    lookup: int | None = LookupOpt,
     k: int = KOpt,
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Use only the first N prompts (after --categories)."),
@@ -74,17 +79,21 @@ def bench(
 ) -> None:
     """Benchmark Token Recycling against transformers generate (greedy, or sampling with --temperature) and prompt lookup decoding."""
     with user_errors():
-        chosen = _split(methods)
-        unknown = [m for m in chosen if m not in METHODS]
-        if unknown or not chosen:
-            raise UserError(f"--methods: unknown method {', '.join(unknown) or '(none)'}; choose from {', '.join(METHODS)}")
+        try:
+            chosen = parse_methods(_split(methods))
+            variant_args = {name: variant_tree(name) for name in chosen if name.startswith("tr:")}
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        variants = {name: tree_option(variant, k, length) for name, (variant, length) in variant_args.items()}
+        if "ar" in chosen:
+            variants["ar"] = tree_option("none", k, 0)
         if fmt not in FORMATS:
             raise UserError(f"--format {fmt}: choose table, md, csv or json")
         if turns not in ("1", "all"):
             raise UserError(f"--turns {turns}: use 1 or all")
         if output is not None and not output.parent.is_dir():
             raise UserError(f"--output {output}: directory {output.parent} does not exist")
-        tree_spec = tree_option(tree, k)
+        choice = tree_option(tree, k, lookup)
         request = sampling_request(temperature, top_p, top_k, repetition_penalty, seed)
         records = select_prompts(load_prompts(prompts_file), _split(categories or ""), per_category, limit, str(prompts_file))
         if not records:
@@ -94,11 +103,19 @@ def bench(
         sampling = sampling_config(request, loaded)
         torch.manual_seed(seed)  # transformers' sampling draws from torch's global generator
         tok = loaded.tokenizer
-        hot = open_matrix(loaded, k, matrix, cold, no_save) if "tr" in chosen else None
-        runners = {}
+        decoding = [name for name in chosen if name == "tr" or name in variants]
+        hot = open_matrix(loaded, k, matrix, cold, no_save) if decoding else None
+        runners, trees = {}, {}
         for name in chosen:
             if name == "tr":
-                runners[name] = TokenRecycling(loaded.model, hot.matrix, tree_spec, loaded.eos_token_ids, sampling).run
+                decoder = make_decoder(loaded, hot, choice, sampling=sampling)
+            elif name in variants:
+                # Variants learn on copies, so they neither help one another nor change the store.
+                twin = replace(hot, matrix=hot.matrix.clone(), stats=hot.stats.copy(), save_enabled=False)
+                decoder = make_decoder(loaded, twin, variants[name], sampling=sampling)
+            if name in decoding:
+                runners[name] = TokenRecycling(decoder, loaded.eos_token_ids).run
+                trees[name] = tree_summary(decoder)
             else:
                 runners[name] = HFGenerate(loaded.model, loaded.eos_token_ids, prompt_lookup=name == "pld",
                                            sampling=sampling).run
@@ -107,7 +124,7 @@ def bench(
         check = None if sampling.is_greedy else (lambda ids, tokens: check_tokens(loaded.model, sampling, ids, tokens))
         env = environment(
             model=loaded.model_id, device=str(loaded.device), device_name=device_name(loaded.device),
-            dtype=str(loaded.dtype).removeprefix("torch."), tree=f"{tree_spec.name} ({tree_spec.size} nodes)", k=k,
+            dtype=str(loaded.dtype).removeprefix("torch."), tree=trees.get("tr"), trees=trees or None, k=k,
             max_new_tokens=max_new_tokens, prompts_file=str(prompts_file), turns=turns, warmup=warmup, repeats=repeats,
             matrix=hot.describe() if hot else "unused", matrix_updates_at_start=hot.start_update_count if hot else None,
             methods=chosen, decoding=sampling.describe(), seed=None if sampling.is_greedy else seed,

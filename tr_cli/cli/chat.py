@@ -34,7 +34,7 @@ from ..chat_session import (
     help_lines,
     parse_command,
 )
-from ..core import StepEvent, TokenRecyclingDecoder
+from ..core import StepEvent
 from ..core.matrix import rows_filled
 from ..errors import UserError
 from ..paths import data_dir
@@ -46,6 +46,7 @@ from .common import (
     DeviceOpt,
     DtypeOpt,
     KOpt,
+    LookupOpt,
     MatrixPathOpt,
     ModelArg,
     NoSaveOpt,
@@ -57,10 +58,12 @@ from .common import (
     TreeOpt,
     fail,
     load_with_progress,
+    make_decoder,
     open_matrix,
     sampling_config,
     sampling_request,
     tree_option,
+    tree_summary,
     user_errors,
 )
 
@@ -226,7 +229,7 @@ class ChatApp:
             f"{loaded.model_id}",
             f"  {str(loaded.dtype).removeprefix('torch.')} on {loaded.device}, {params / 1e6:,.1f}M parameters, "
             f"vocabulary {loaded.vocab_size:,}, context {f'{context:,}' if context else 'unknown'} tokens",
-            f"  draft tree {tree.name}: {tree.size} nodes, depth {tree.depth}, widths {'/'.join(map(str, tree.widths()))}; k = {decoder.k}",
+            f"  draft {tree_summary(decoder)}: depth {tree.depth}, widths {'/'.join(map(str, tree.widths()))}; k = {decoder.k}",
             f"  chat template: {template}; {torch.get_num_threads()} CPU threads",
             f"  conversation: {len(self.session.messages)} messages, {len(decoder.tokens):,} tokens in the KV cache",
         ])
@@ -243,7 +246,7 @@ class ChatApp:
         loaded, decoder = self.loaded, self.session.decoder
         self.err.print(Text(
             f"{loaded.model_id} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · "
-            f"tree {decoder.tree.name} ({decoder.tree.size} nodes) · {self.hot.describe()} · "
+            f"{tree_summary(decoder)} · {self.hot.describe()} · "
             f"{decoder.sampling.describe()}", style="dim"))
         if not self.session.templated:
             self.warn(f"{loaded.model_id} has no chat template: plain-completion mode (your text is continued as written)")
@@ -421,6 +424,7 @@ def chat(
     system: str | None = typer.Option(None, "--system", help="System prompt of the conversation."),
     max_new_tokens: int = typer.Option(512, "--max-new-tokens", "-n", min=1, help="Longest reply, in tokens."),
     tree: str = TreeOpt,
+    lookup: int | None = LookupOpt,
     k: int = KOpt,
     live: str = typer.Option("path", "--live", autocompletion=_complete_live,
                              help="Panel under the reply: path (accepted draft path of each step), tree (the whole draft tree), off (plain text)."),
@@ -443,7 +447,7 @@ def chat(
     with user_errors():
         if live not in LIVE_MODES:
             raise fail(f"--live {live}: use one of {', '.join(LIVE_MODES)}")
-        tree_spec = tree_option(tree, k)
+        choice = tree_option(tree, k, lookup)
         request = sampling_request(temperature, top_p, top_k, repetition_penalty, seed)
         interactive = sys.stdin.isatty() and sys.stdout.isatty()
         messages: list[str] | None = None
@@ -456,8 +460,7 @@ def chat(
 
         loaded = load_with_progress(model, device, dtype)
         hot = open_matrix(loaded, k, matrix, cold, no_save)
-        decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, tree=tree_spec,
-                                        sampling=sampling_config(request, loaded))
+        decoder = make_decoder(loaded, hot, choice, sampling=sampling_config(request, loaded))
         settings = Settings(max_new_tokens=max_new_tokens, live=live, temperature=temperature, top_p=top_p, top_k=top_k,
                             repetition_penalty=repetition_penalty, seed=seed)
         session = ChatSession(

@@ -12,11 +12,12 @@ from rich.markup import escape
 from rich.console import Console
 
 from ..completion import complete_model
-from ..core import TreeSpec, resolve_tree
+from ..core import TokenRecyclingDecoder, resolve_tree
 from ..core.sampling import SamplingConfig, check_settings, ignored_generation_settings, wants_sampling
 from ..errors import UserError
 from ..hot_matrix import HotMatrix
 from ..models import DEFAULT_MODEL, LoadedModel, load_model
+from ..tuning import TreeChoice, build_decoder, tree_choice
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -33,7 +34,8 @@ ModelArg = typer.Argument(
 )
 DeviceOpt = typer.Option("auto", "--device", help="auto, cpu, cuda or mps.")
 DtypeOpt = typer.Option("auto", "--dtype", help="auto (bf16 on CUDA and bf16-capable CPUs, else float32), float32, bfloat16, float16.")
-TreeOpt = typer.Option("paper", "--tree", help="Draft tree: a preset (paper) or a JSON spec file.")
+TreeOpt = typer.Option("auto", "--tree", help="Draft tree: auto (designed for this device from its measured step cost and the matrix's acceptance statistics), paper (the paper's 80 nodes), none (no drafts), or a JSON spec file.")
+LookupOpt = typer.Option(None, "--lookup", min=0, help="Prompt-lookup chain drafted beside the tree when the context's last words occurred before: its length (default 10 with --tree auto, else 0 = off).")
 KOpt = typer.Option(8, "--k", min=1, help="Candidates kept per matrix row.")
 MatrixPathOpt = typer.Option(None, "--matrix", help="Use this matrix file instead of the model's stored one.")
 ColdOpt = typer.Option(False, "--cold", help="Start from an empty matrix (the stored one is not read).")
@@ -71,15 +73,37 @@ def load_with_progress(model: str | None, device: str, dtype: str) -> LoadedMode
         return load_model(model, device, dtype, status=lambda message: spinner.update(f"{escape(message)}…"))
 
 
-def tree_option(tree: str, k: int) -> TreeSpec:
-    """--tree resolved and checked against --k, before any model loads."""
+def tree_option(tree: str, k: int, lookup: int | None = None) -> TreeChoice:
+    """--tree (and --lookup) resolved and checked against --k, before any model loads."""
+    spec = None
+    if tree != "auto":
+        try:
+            spec = resolve_tree(tree)
+        except ValueError as exc:
+            raise UserError(f"{exc}; or --tree auto") from None
+        if spec.max_slot >= k:
+            raise UserError(f"--k {k}: tree {spec.name} uses candidate slot {spec.max_slot}; use --k {spec.max_slot + 1} or more")
     try:
-        spec = resolve_tree(tree)
+        return tree_choice(spec, lookup)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    if spec.max_slot >= k:
-        raise UserError(f"--k {k}: tree {spec.name} uses candidate slot {spec.max_slot}; use --k {spec.max_slot + 1} or more")
-    return spec
+
+
+def make_decoder(loaded: LoadedModel, hot: HotMatrix, choice: TreeChoice, **kwargs) -> TokenRecyclingDecoder:
+    """The decoder for --tree: `auto` reads this device's t(N) calibration, measuring it (a few
+    seconds, once per model and device) when missing, and learns with the matrix's statistics."""
+    def status(message: str) -> None:
+        stderr.print(f"[dim]{escape(message)}…[/]")
+
+    return build_decoder(loaded.model, hot.matrix, choice, loaded.model_id, stats=hot.stats, status=status, **kwargs)
+
+
+def tree_summary(decoder: TokenRecyclingDecoder) -> str:
+    """e.g. 'tree auto23 (23 nodes, designed for this device) + lookup chain 10'."""
+    tree = decoder.tree
+    how = ", designed for this device" if decoder.auto else ""
+    text = f"tree {tree.name} ({tree.size} nodes{how})"
+    return text + (f" + lookup chain {decoder.lookup_length}" if decoder.lookup_length else "")
 
 
 def open_matrix(loaded: LoadedModel, k: int, path: Path | None, cold: bool, no_save: bool) -> HotMatrix:

@@ -10,7 +10,7 @@ import torch
 import typer
 from rich.markup import escape
 
-from ..core import GenerationStats, StopCondition, TokenRecyclingDecoder
+from ..core import GenerationStats, StopCondition
 from ..core.sampling import SamplingConfig
 from ..prompts import sample_prompts
 from ..text import IncrementalDecoder, encode_prompt
@@ -19,6 +19,7 @@ from .common import (
     DeviceOpt,
     DtypeOpt,
     KOpt,
+    LookupOpt,
     MatrixPathOpt,
     ModelArg,
     NoSaveOpt,
@@ -30,11 +31,13 @@ from .common import (
     TreeOpt,
     fail,
     load_with_progress,
+    make_decoder,
     open_matrix,
     sampling_config,
     sampling_request,
     save_matrix,
     tree_option,
+    tree_summary,
     stderr,
     user_errors,
 )
@@ -45,6 +48,7 @@ def generate(
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="Prompt text ('-' reads stdin). Default: a bundled sample prompt."),
     max_new_tokens: int = typer.Option(256, "--max-new-tokens", "-n", min=1, help="Generate at most this many tokens."),
     tree: str = TreeOpt,
+    lookup: int | None = LookupOpt,
     k: int = KOpt,
     stop_strings: list[str] = typer.Option([], "--stop", help="Stop once the output contains this text (repeatable)."),
     compare: bool = typer.Option(False, "--compare", help="Also run transformers' generate with the same settings: speedup, and (greedy) the identical-output check."),
@@ -61,7 +65,7 @@ def generate(
 ) -> None:
     """Generate a reply to one prompt with Token Recycling and print its stats."""
     with user_errors():
-        tree_spec = tree_option(tree, k)
+        choice = tree_option(tree, k, lookup)
         request = sampling_request(temperature, top_p, top_k, repetition_penalty, seed)
         if prompt == "-":
             prompt = sys.stdin.read()
@@ -78,9 +82,9 @@ def generate(
         )
         sampling = sampling_config(request, loaded)
         hot = open_matrix(loaded, k, matrix, cold, no_save)
-        decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, tree=tree_spec, sampling=sampling)
+        decoder = make_decoder(loaded, hot, choice, sampling=sampling)
 
-        stderr.print(f"[dim]{escape(loaded.model_id)} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · tree {tree_spec.name} ({tree_spec.size} nodes) · {torch.get_num_threads()} threads · {escape(sampling.describe())}[/]")
+        stderr.print(f"[dim]{escape(loaded.model_id)} · {str(loaded.dtype).removeprefix('torch.')} · {loaded.device} · {escape(tree_summary(decoder))} · {torch.get_num_threads()} threads · {escape(sampling.describe())}[/]")
         stderr.print(f"[dim]{escape(hot.describe())}[/]")
         stderr.print(f"[bold]Prompt:[/] {escape(prompt.strip())}", markup=True, highlight=False)
         text = IncrementalDecoder(loaded.tokenizer)
@@ -103,8 +107,8 @@ def generate(
             f"[dim]{stats.new_tokens} tokens in {stats.wall_seconds:.2f}s · {stats.tokens_per_second:.1f} tok/s · "
             f"MAT {stats.mean_accepted_tokens:.2f} over {stats.steps} steps · prefill {stats.prefill_seconds * 1e3:.0f} ms · "
             f"per step: draft {stats.draft_seconds / steps * 1e3:.1f} / forward {stats.forward_seconds / steps * 1e3:.1f} / "
-            f"verify {stats.verify_seconds / steps * 1e3:.1f} / update {stats.update_seconds / steps * 1e3:.1f} ms · "
-            f"finish: {stats.finish_reason}[/]"
+            f"verify {stats.verify_seconds / steps * 1e3:.1f} / update {stats.update_seconds / steps * 1e3:.1f} ms "
+            f"({stats.overhead_fraction:.1%} outside the forward) · finish: {stats.finish_reason}[/]"
         )
         if compare:
             _compare(loaded, input_ids, max_new_tokens, stop_strings, tokens, stats.tokens_per_second, sampling)

@@ -78,6 +78,12 @@ class AcceptanceStats:
         """Verifications counted (depth-1 slot-0 is tried every step of a tree that has it)."""
         return int(self.trials[0])
 
+    def copy(self) -> "AcceptanceStats":
+        twin = AcceptanceStats(self.k, self.hits.device, self.max_depth)
+        twin.hits.copy_(self.hits)
+        twin.trials.copy_(self.trials)
+        return twin
+
     def to_dict(self) -> dict:
         return {
             "k": self.k,

@@ -84,6 +84,12 @@ class GenerationStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.wall_seconds if self.wall_seconds > 0 else 0.0
 
+    @property
+    def overhead_fraction(self) -> float:
+        """Share of step time spent outside the model's forward (draft, masks, verify, update, KV)."""
+        step = self.draft_seconds + self.forward_seconds + self.verify_seconds + self.update_seconds
+        return 1.0 - self.forward_seconds / step if step > 0 else 0.0
+
     def add(self, event: StepEvent) -> None:
         self.new_tokens += len(event.new_tokens)
         t = event.timings
