@@ -69,16 +69,22 @@ def test_piped_reply_is_the_greedy_output(smollm2_fp32, smollm2_checkpoint, tmp_
     assert "\x1b" not in out.stdout + out.stderr
 
 
+def replies(session: ChatSession, messages: tuple[str, ...]) -> str:
+    """What piped `tr chat --each-line` prints for these messages, computed in-process."""
+    out = ""
+    for message in messages:
+        for _ in session.reply(message):
+            pass
+        out += session.last.text + "\n"
+    return out
+
+
 def test_each_line_is_one_conversation(tiny, tiny_llama_dir, tmp_path):
     out = run_piped([str(tiny_llama_dir), "--dtype", "float32", "-n", "8", "--each-line"], "Hello there\n\nAnd then?\n", tmp_path)
     assert out.returncode == 0, out.stderr
     session = ChatSession(tiny.tokenizer, TokenRecyclingDecoder(tiny.model), tiny.eos_token_ids,
                           settings=Settings(max_new_tokens=8), max_positions=context_limit(tiny.model))
-    expected = ""
-    for message in ("Hello there", "And then?"):
-        for _ in session.reply(message):
-            pass
-        expected += session.last.text + "\n"
+    expected = replies(session, ("Hello there", "And then?"))
     assert out.stdout == expected
     assert out.stderr.count(STATS) == 2
 
@@ -94,11 +100,7 @@ def test_sampled_piped_chat_is_reproducible_from_its_seed(tiny, tiny_llama_dir, 
     session = ChatSession(tiny.tokenizer, TokenRecyclingDecoder(tiny.model), tiny.eos_token_ids,
                           settings=Settings(max_new_tokens=8, temperature=0.9, top_p=0.95, seed=4),
                           max_positions=context_limit(tiny.model))
-    expected = ""
-    for message in ("Hello there", "And then?"):
-        for _ in session.reply(message):
-            pass
-        expected += session.last.text + "\n"
+    expected = replies(session, ("Hello there", "And then?"))
     assert out.stdout == expected
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import re
 import shutil
 import tempfile
@@ -285,3 +286,18 @@ def load_model(
         model = model.to(torch_device)
     model.eval()
     return LoadedModel(model, tokenizer, source, torch_device, torch_dtype)
+
+
+def device_name(device: torch.device) -> str:
+    """The device in words: the CPU or GPU model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return platform.processor() or platform.machine()
+    return device.type

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from .core import PRESETS, TokenRecyclingDecoder, TreeSpec
 from .core.acceptance_stats import AcceptanceStats
 from .core.cost_model import CostModel
 from .core.lookup import DEFAULT_LOOKUP_LENGTH
+from .models import device_name
 from .paths import data_dir
 from .store import atomic_write, now_us
 
@@ -77,25 +77,11 @@ def save_stats(matrix_path: Path, stats: AcceptanceStats) -> Path:
     return path
 
 
-def _device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "cpu":
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        return platform.processor() or platform.machine()
-    return device.type
-
-
 def calibration_key(model: torch.nn.Module, model_id: str, device: torch.device, dtype: torch.dtype, k: int) -> str:
     """Everything t(N) depends on: device model, threads, torch version, the model's shape, dtype."""
     config = model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else str(model.config)
     parts = [
-        str(CALIBRATION_VERSION), device.type, _device_name(device), str(torch.get_num_threads()), torch.__version__,
+        str(CALIBRATION_VERSION), device.type, device_name(device), str(torch.get_num_threads()), torch.__version__,
         model_id, hashlib.sha256(config.encode()).hexdigest(), str(dtype), str(k),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
@@ -120,7 +106,7 @@ def load_or_calibrate(
     if status:
         status("Measuring step cost t(N) on this device (once per model and device)")
     cost = decoder.measure_cost()
-    record = cost.to_dict() | {"device": _device_name(decoder.device), "model": model_id, "dtype": str(dtype),
+    record = cost.to_dict() | {"device": device_name(decoder.device), "model": model_id, "dtype": str(dtype),
                                "threads": torch.get_num_threads(), "measured_us": now_us()}
     atomic_write(path, (json.dumps(record, indent=1) + "\n").encode())
     return cost

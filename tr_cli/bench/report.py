@@ -7,25 +7,10 @@ import io
 import json
 import platform
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 
 FORMATS = ("table", "md", "csv", "json")
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    if device.type == "cpu":
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        return platform.processor() or platform.machine()
-    return device.type
 
 
 def environment(**fields) -> dict:

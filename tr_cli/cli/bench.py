@@ -15,9 +15,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..bench.distribution import check_tokens
 from ..bench.methods import HFGenerate, TokenRecycling, parse_methods, variant_tree
 from ..bench.metrics import summarize
-from ..bench.report import FORMATS, device_name, environment, render, to_rich_table
+from ..bench.report import FORMATS, environment, render, to_rich_table
 from ..bench.runner import run_bench
 from ..errors import UserError
+from ..models import device_name
 from ..prompts import SAMPLE, load_prompts, select_prompts
 from ..text import encode_conversation
 from .common import (
