@@ -30,6 +30,15 @@ def tiny(tiny_llama_dir):
 
 
 @pytest.fixture(autouse=True)
+def sigint_raises():
+    """Ctrl-C as in a terminal, even when the test run itself was started with SIGINT ignored
+    (nohup, some CI runners): a process inherits SIG_IGN and these tests would see nothing."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("TR_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("TR_NOHISTORY", raising=False)
