@@ -16,6 +16,7 @@ from .tree import TreeBuffers
 MAX_DEPTH = 16
 PRIOR_WEIGHT = 20.0  # pseudo-trials of the prior per (depth, slot)
 DECAY_AT = 50_000.0  # when depth-1 slot-0 trials pass this, halve all counts: recent text counts more
+COUNT_DTYPE = torch.float32  # exact for counts far past DECAY_AT, and MPS has no float64
 
 
 def default_prior(k: int, max_depth: int = MAX_DEPTH) -> list[list[float]]:
@@ -33,9 +34,9 @@ class AcceptanceStats:
     def __init__(self, k: int, device: torch.device | str = "cpu", max_depth: int = MAX_DEPTH) -> None:
         self.k = k
         self.max_depth = max_depth
-        self.hits = torch.zeros(max_depth * k, dtype=torch.float64, device=device)
-        self.trials = torch.zeros(max_depth * k, dtype=torch.float64, device=device)
-        self.prior = torch.tensor(default_prior(k, max_depth), dtype=torch.float64, device=device).flatten()
+        self.hits = torch.zeros(max_depth * k, dtype=COUNT_DTYPE, device=device)
+        self.trials = torch.zeros(max_depth * k, dtype=COUNT_DTYPE, device=device)
+        self.prior = torch.tensor(default_prior(k, max_depth), dtype=COUNT_DTYPE, device=device).flatten()
         self._cells: dict[object, tuple[torch.Tensor, torch.Tensor]] = {}
         self._records = 0
 
