@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from core_speed import DATA, pick_prompts
 from tr_cli.core import PRESETS, StopCondition, TokenRecyclingDecoder
 from tr_cli.core.acceptance_stats import AcceptanceStats
 from tr_cli.core.tree import TreeSpec
@@ -22,22 +23,6 @@ from tr_cli.core.tree_design import best_paths, design_tree
 from tr_cli.hot_matrix import HotMatrix
 from tr_cli.models import load_model
 from tr_cli.text import encode_prompt
-
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench.jsonl"
-
-
-def round_robin(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for row in rows:
-        groups[row["category"]].append(row)
-    out = []
-    for i in range(max(len(g) for g in groups.values())):
-        for g in groups.values():
-            if i * 5 % len(g) < len(g):
-                out.append(g[(i * 5 + 3) % len(g)])
-    return out
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -53,7 +38,7 @@ def main() -> None:
     hot = HotMatrix.open(tok, loaded.vocab_size, loaded.model_id, save=False)
     matrix = hot.matrix
     stop = StopCondition.build(args.max_new_tokens, loaded.eos_token_ids)
-    prompts = round_robin(DATA)
+    prompts = pick_prompts(DATA, args.explore + args.compare)
     report: dict = {"model": loaded.model_id, "dtype": args.dtype, "threads": torch.get_num_threads(),
                     "matrix": hot.describe(), "max_new_tokens": args.max_new_tokens}
 

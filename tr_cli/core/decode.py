@@ -229,6 +229,11 @@ class TokenRecyclingDecoder:
         # With device_map="auto" the head may sit on another device than the embeddings.
         return out.logits[0].to(self.device)
 
+    def _forward_causal(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append plain new tokens after the cache, each seeing the cache and the tokens before it."""
+        positions = torch.arange(ids.shape[0], device=self.device) + self.cache.length
+        return self._forward(ids, positions, self._mask(positions, causal_visibility(ids.shape[0], self.device)))
+
     @torch.inference_mode()
     def _prefill(self, ids: list[int]) -> tuple[int, StepTimings]:
         """Run new tokens through the model in chunks; return the next token (greedy or sampled)."""
@@ -237,8 +242,7 @@ class TokenRecyclingDecoder:
         last_logits = None
         for start in range(0, len(ids), PREFILL_CHUNK):
             chunk = torch.tensor(ids[start : start + PREFILL_CHUNK], dtype=torch.long, device=self.device)
-            positions = torch.arange(chunk.shape[0], device=self.device) + self.cache.length
-            logits = self._forward(chunk, positions, self._mask(positions, causal_visibility(chunk.shape[0], self.device)))
+            logits = self._forward_causal(chunk)
             last_logits = logits[-1]
             if self.seed_from_prompt:
                 u0 = time.perf_counter()
@@ -289,12 +293,10 @@ class TokenRecyclingDecoder:
         try:
             g = torch.Generator().manual_seed(0)
             ids = torch.randint(0, self.vocab_size, (context + max(sizes),), generator=g).to(self.device)
-            start = torch.arange(context, device=self.device)
-            self._forward(ids[:context], start, self._mask(start, causal_visibility(context, self.device)))
+            self._forward_causal(ids[:context])
 
             def run_step(n: int) -> None:
-                positions = torch.arange(context, context + n, device=self.device)
-                logits = self._forward(ids[context : context + n], positions, self._mask(positions, causal_visibility(n, self.device)))
+                logits = self._forward_causal(ids[context : context + n])
                 top = TopCandidates.of(logits, self.k)
                 top.argmax(logits).cpu()  # waits for the device
                 self.cache.crop(context)

@@ -26,10 +26,6 @@ class PromptLookup:
         self.tokens: list[int] = []
         self._last_end: dict[tuple[int, ...], int] = {}
 
-    def reset(self) -> None:
-        self.tokens.clear()
-        self._last_end.clear()
-
     def extend(self, tokens: list[int]) -> None:
         for token in tokens:
             # The n-grams ending just before this token now have a continuation: index them.

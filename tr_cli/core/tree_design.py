@@ -84,8 +84,8 @@ def design_tree(
 class AutoTree:
     """The designed tree of one decoder, redesigned every `every` steps from live statistics.
 
-    Between redesigns the spec object stays the same, so its buffers are reused; a redesign that
-    lands on the same shape returns an equal spec (and hits the same cached buffers).
+    A redesign that lands on the same shape returns an equal spec, which hits the decoder's cached
+    buffers.
     """
 
     def __init__(
@@ -121,7 +121,5 @@ class AutoTree:
     def after_step(self) -> TreeSpec:
         self._steps += 1
         if self._steps % self.every == 0:
-            design = self._design()
-            if design.spec != self.design.spec:
-                self.design = design
+            self.design = self._design()
         return self.design.spec
