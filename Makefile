@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install completions clean
+.PHONY: demo test test-fast lint format install completions clean
 
 install: $(STAMP)
 
@@ -23,8 +23,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/tr bench --limit 6 --max-new-tokens 128
 
-test: $(STAMP)
+# Everything CI runs: the linter and formatter check, then the whole suite.
+test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+# The edit-test loop: the suite without the tests marked slow (packaged model, subprocesses,
+# statistical sampling checks).
+test-fast: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 # Regenerate completions/ and tr_cli/cli_names.py from the Typer app (after adding a command).
 completions: $(STAMP)

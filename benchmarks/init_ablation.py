@@ -14,11 +14,13 @@ from pathlib import Path
 
 import torch
 
-from core_speed import DATA, pick_prompts
 from tr_cli.core import StopCondition, TokenRecyclingDecoder, new_matrix
-from tr_cli.matrix_init import fill_from_token_lists
+from tr_cli.core.matrix_init import fill_from_token_lists
 from tr_cli.models import load_model
-from tr_cli.text import encode_prompt
+from tr_cli.store.paths import cache_dir
+from tr_cli.text.conversation import encode_prompt
+
+from prompt_sample import DATA, pick_prompts
 
 
 def main() -> None:
@@ -30,7 +32,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
 
-    loaded = load_model(None, "cpu", args.dtype)
+    loaded = load_model(None, "cpu", args.dtype, cache=cache_dir())
     model, tok = loaded.model, loaded.tokenizer
     vocab = loaded.vocab_size
     every = pick_prompts(DATA, args.limit + args.warm_prompts)
@@ -44,7 +46,9 @@ def main() -> None:
         TokenRecyclingDecoder(model, matrix=hot).generate(encode_prompt(tok, row["turns"][0]), stop)
     # (d) a matrix built by prefill over the rest of the Spec-Bench questions (not the measured ones).
     corpus = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
-    corpus_ids = [encode_prompt(tok, turn) for row in corpus if row["question_id"] not in measured_ids for turn in row["turns"]]
+    corpus_ids = [
+        encode_prompt(tok, turn) for row in corpus if row["question_id"] not in measured_ids for turn in row["turns"]
+    ]
     initialized = new_matrix(vocab)
     t0 = time.perf_counter()
     fill_from_token_lists(model, initialized, corpus_ids)
@@ -62,8 +66,13 @@ def main() -> None:
         prompt = torch.tensor([ids])
         start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=args.max_new_tokens,
-                                 do_sample=False, pad_token_id=loaded.eos_token_ids[0])
+            out = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=args.max_new_tokens,
+                do_sample=False,
+                pad_token_id=loaded.eos_token_ids[0],
+            )
         totals["baseline"]["seconds"] += time.perf_counter() - start
         totals["baseline"]["tokens"] += out.shape[1] - len(ids)
         line = [f"{i + 1:2d} {row['category']:14s}"]
@@ -79,12 +88,22 @@ def main() -> None:
         print(" | ".join(line), flush=True)
 
     base_tps = totals["baseline"]["tokens"] / totals["baseline"]["seconds"]
-    report = {"model": loaded.model_id, "dtype": args.dtype, "prompts": len(measured), "max_new_tokens": args.max_new_tokens,
-              "baseline_tokens_per_second": base_tps, "variants": {}}
+    report = {
+        "model": loaded.model_id,
+        "dtype": args.dtype,
+        "prompts": len(measured),
+        "max_new_tokens": args.max_new_tokens,
+        "baseline_tokens_per_second": base_tps,
+        "variants": {},
+    }
     for name in variants:
         t = totals[name]
         tps = t["tokens"] / t["seconds"]
-        report["variants"][name] = {"mat": t["step_tokens"] / t["steps"], "tokens_per_second": tps, "speedup": tps / base_tps}
+        report["variants"][name] = {
+            "mat": t["step_tokens"] / t["steps"],
+            "tokens_per_second": tps,
+            "speedup": tps / base_tps,
+        }
         print(f"{name:16s} MAT {t['step_tokens'] / t['steps']:.2f}  {tps:5.1f} tok/s  speedup {tps / base_tps:.2f}x")
     if args.output:
         args.output.write_text(json.dumps(report, indent=2) + "\n")

@@ -37,8 +37,23 @@ def main() -> None:
         source = args.data / f"{name}.jsonl"
         stem = f"{name}-{args.dtype}" + (f"-{args.per_category}pc" if args.per_category else "")
         out_json = HERE / "results" / f"{stem}.json"
-        cmd = [sys.executable, "-m", "tr_cli", "bench", str(source), "--dtype", args.dtype, "--methods", args.methods,
-               "--max-new-tokens", str(args.max_new_tokens), "--format", "json", "--output", str(out_json)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tr_cli",
+            "bench",
+            str(source),
+            "--dtype",
+            args.dtype,
+            "--methods",
+            args.methods,
+            "--max-new-tokens",
+            str(args.max_new_tokens),
+            "--format",
+            "json",
+            "--output",
+            str(out_json),
+        ]
         if args.per_category:
             cmd += ["--per-category", str(args.per_category)]
         if args.model:

@@ -1,4 +1,13 @@
+"""Shared fixtures. Tests run offline (HF_HUB_OFFLINE=1) with TR_HOME in a temporary directory.
+
+Layout: unit/ mirrors the package, integration/ runs several parts together on real (tiny or
+packaged) models, e2e/ runs the command line as a user does. Tests marked `slow` (the packaged
+model, subprocesses, statistical sampling checks; everything in e2e/) are left out by
+`make test-fast`; `make test` runs them all.
+"""
+
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -6,41 +15,117 @@ from pathlib import Path
 # Nothing may come from the hub, and nothing of ours may touch the user's real data dir.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TR_HOME", tempfile.mkdtemp(prefix="tr-test-home-"))
-sys.path.insert(0, str(Path(__file__).parent))
+TESTS = Path(__file__).parent
+sys.path.insert(0, str(TESTS))  # tiny_models
 
 import pytest  # noqa: E402
 
+from tr_cli.store.paths import cache_dir  # noqa: E402
+
+SESSION_CACHE = cache_dir()  # read before any test moves TR_HOME
+SLOW_FIXTURES = {"smollm2_fp32", "smollm2_checkpoint"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Everything in e2e/ and everything on the packaged model is slow."""
+    for item in items:
+        in_e2e = "e2e" in Path(str(item.fspath)).relative_to(TESTS).parts
+        if in_e2e or SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
-def smollm2_fp32():
+def gguf_cache() -> Path:
+    """Where this run keeps converted GGUF checkpoints: converted once per run, whatever TR_HOME a
+    test uses."""
+    path = SESSION_CACHE / "gguf"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def new_home(path: Path, gguf_cache: Path) -> Path:
+    """A fresh TR_HOME whose GGUF conversion cache is the run's (data starts empty)."""
+    (path / "cache").mkdir(parents=True, exist_ok=True)
+    link = path / "cache" / "gguf"
+    if not link.exists():
+        link.symlink_to(gguf_cache, target_is_directory=True)
+    return path
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch, gguf_cache) -> Path:
+    """A fresh TR_HOME for this test (also for the subprocesses it starts)."""
+    path = new_home(tmp_path / "home", gguf_cache)
+    monkeypatch.setenv("TR_HOME", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32(gguf_cache):
     """The packaged SmolLM2-135M-Instruct, float32 on the CPU (converted once per session)."""
     from tr_cli.models import load_model
 
-    return load_model(None, device="cpu", dtype="float32")
+    return load_model(None, device="cpu", dtype="float32", cache=gguf_cache.parent)
 
 
 @pytest.fixture(scope="session")
-def smollm2_checkpoint(smollm2_fp32) -> Path:
+def smollm2_checkpoint(smollm2_fp32, gguf_cache) -> Path:
     """The directory of the converted checkpoint (config, safetensors, tokenizer)."""
-    from tr_cli.models import _gguf_checkpoint
+    from tr_cli.models.gguf_cache import gguf_checkpoint
 
-    return _gguf_checkpoint(smollm2_fp32.source.path, lambda message: None)
+    return gguf_checkpoint(smollm2_fp32.source.path, gguf_cache, lambda message: None)
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory, smollm2_checkpoint) -> Path:
-    """A random-weight 2-layer Llama checkpoint speaking through SmolLM2's tokenizer (49,152 ids)."""
-    import shutil
+def smollm2_tokenizer_dir() -> Path:
+    """SmolLM2's tokenizer (49,152 ids, ChatML template) read straight from the packaged GGUF,
+    without converting the weights. Reading it takes seconds, so it is kept between runs in the
+    system's temp dir, keyed by the GGUF file and the transformers version."""
+    import hashlib
 
+    import transformers
+    from transformers import AutoTokenizer
+
+    from tr_cli.models import resolve_model
+
+    gguf = resolve_model(None).path
+    stat = gguf.stat()
+    key = f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    directory = (
+        Path(tempfile.gettempdir())
+        / "tr-test-cache"
+        / f"smollm2-tokenizer-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    )
+    if not (directory / "tokenizer.json").is_file():
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=directory.parent))
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+        try:
+            staging.rename(directory)  # whole or absent, also with two runs at once
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
+    """A random-weight 2-layer Llama checkpoint speaking through SmolLM2's tokenizer (49,152 ids)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     directory = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, eos_token_id=2, bos_token_id=1)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
     LlamaForCausalLM(config).save_pretrained(directory)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        if (smollm2_checkpoint / name).exists():
-            shutil.copy(smollm2_checkpoint / name, directory / name)
+    for source in smollm2_tokenizer_dir.iterdir():
+        shutil.copy(source, directory / source.name)
     return directory

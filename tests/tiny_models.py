@@ -20,8 +20,17 @@ from transformers import (
 
 VOCAB = 320
 EOS = 3
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-              max_position_embeddings=1024, eos_token_id=EOS, bos_token_id=1, pad_token_id=0)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    eos_token_id=EOS,
+    bos_token_id=1,
+    pad_token_id=0,
+)
 
 # Sliding windows are far smaller than prompt + generation, so masking bugs show up.
 WINDOW = 12
@@ -33,19 +42,31 @@ def _build(name: str):
     if name == "qwen2":
         return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, **COMMON))
     if name == "qwen2-swa":  # full and sliding layers mixed: masks go in as a dict per layer type
-        return Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW,
-                                            max_window_layers=1, **COMMON))
+        return Qwen2ForCausalLM(
+            Qwen2Config(
+                num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **COMMON
+            )
+        )
     if name == "mistral":  # every layer sliding: one 4D mask that itself applies the window
         return MistralForCausalLM(MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, **COMMON))
     if name == "gemma2":
         return Gemma2ForCausalLM(Gemma2Config(num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, **COMMON))
     if name == "gemma3":
-        return Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=3, head_dim=16, sliding_window=WINDOW,
-                                                  layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                                  **COMMON))
+        return Gemma3ForCausalLM(
+            Gemma3TextConfig(
+                num_hidden_layers=3,
+                head_dim=16,
+                sliding_window=WINDOW,
+                layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                **COMMON,
+            )
+        )
     if name == "gpt2":
-        return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=1024,
-                                          eos_token_id=EOS, bos_token_id=1))
+        return GPT2LMHeadModel(
+            GPT2Config(
+                vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=1024, eos_token_id=EOS, bos_token_id=1
+            )
+        )
     raise ValueError(name)
 
 
@@ -70,3 +91,21 @@ def tiny_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
     model.generation_config.eos_token_id = EOS
     model.generation_config.pad_token_id = 0
     return model
+
+
+def reference(model, ids: list[int], max_new_tokens: int, eos: int = EOS) -> list[int]:
+    prompt = torch.tensor([ids])
+    out = model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+    )
+    return out[0, len(ids) :].tolist()
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, VOCAB, (length,), generator=g).tolist()

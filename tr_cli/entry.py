@@ -103,7 +103,9 @@ def pass_through(args: list[str]) -> None:
     """Replace this process with the next `tr` on PATH; return only if there is none."""
     target = find_next_tr()
     if target is None:
-        sys.stderr.write("tr: no other `tr` on PATH to pass these arguments to (this `tr` is Token Recycling: see `tr --help`)\n")
+        sys.stderr.write(
+            "tr: no other `tr` on PATH to pass these arguments to (this `tr` is Token Recycling: see `tr --help`)\n"
+        )
         sys.exit(127)
     for name in _RESET_SIGNALS:
         number = getattr(signal, name, None)

@@ -1,5 +1,35 @@
-"""Errors caused by the user's input: shown as one line, exit code 1, no traceback."""
+"""tr's errors, in one small hierarchy. The command line turns each into one line on stderr and
+exit status 1 (tr_cli/cli/errors.py); nothing else prints them.
+
+    TrError                    core/errors.py: the root
+    ├── UnsupportedAttention   a model whose attention the decoder cannot mask (core)
+    ├── InvalidTree            a draft tree spec that is not valid (core)
+    ├── UserError              an option, argument or input file that cannot be used as given
+    ├── ModelError             a model argument that cannot be resolved or loaded
+    └── StoreError             stored state (a matrix file) that cannot be used
+
+Messages say what is wrong and what to do, in one line.
+"""
+
+from __future__ import annotations
+
+from .core.errors import InvalidTree, TrError, UnsupportedAttention
 
 
-class UserError(Exception):
+class UserError(TrError):
     """A problem with what the user asked for; the message says what to do."""
+
+
+class ModelError(TrError):
+    """A model argument tr cannot use: not found, not a model, not loadable."""
+
+
+class StoreError(TrError):
+    """Stored state tr cannot use as it is; the message names the file and what to do."""
+
+
+class MatrixFileError(StoreError, ValueError):
+    """A file that is not a usable tr matrix."""
+
+
+__all__ = ["InvalidTree", "MatrixFileError", "ModelError", "StoreError", "TrError", "UnsupportedAttention", "UserError"]

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.sampling import SamplingConfig, process_logits
+from ..core.sampling import process_logits
+from ..core.sampling_config import SamplingConfig
 
 ROWS_PER_CHUNK = 64  # processed distributions held at once (rows x vocabulary floats)
 
@@ -32,7 +33,7 @@ class DistributionCheck:
     variance: float = 0.0
     outside_support: int = 0
 
-    def add(self, other: "DistributionCheck") -> None:
+    def add(self, other: DistributionCheck) -> None:
         self.tokens += other.tokens
         self.surprisal += other.surprisal
         self.entropy += other.entropy
@@ -73,14 +74,16 @@ def _score(probs: torch.Tensor, chosen: torch.Tensor) -> DistributionCheck:
 
 
 @torch.inference_mode()
-def check_tokens(model: torch.nn.Module, config: SamplingConfig, ids: list[int], tokens: list[int]) -> DistributionCheck:
+def check_tokens(
+    model: torch.nn.Module, config: SamplingConfig, ids: list[int], tokens: list[int]
+) -> DistributionCheck:
     """Score `tokens`, generated after prompt `ids`, under the processed distribution at each position."""
     if not tokens:
         return DistributionCheck()
     device = model.get_input_embeddings().weight.device
     sequence = torch.tensor([ids + tokens[:-1]], device=device)
     extra = {"logits_to_keep": len(tokens)} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    logits = model(sequence, **extra).logits[0, -len(tokens):]
+    logits = model(sequence, **extra).logits[0, -len(tokens) :]
     chosen = torch.tensor(tokens, device=logits.device)
     total = DistributionCheck()
     for start in range(0, len(tokens), ROWS_PER_CHUNK):

@@ -12,10 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from ..core import StopCondition, TokenRecyclingDecoder
-from ..core.sampling import SamplingConfig
+from ..core.events import StepTimings, mean_accepted_tokens
+from ..core.sampling_config import SamplingConfig
+from ..engine.choices import TreeChoice
+from ..engine.engine import Engine
+from ..errors import UserError
 
 METHODS = ("baseline", "pld", "ar", "tr")
-PHASES = ("draft", "forward", "verify", "update")
 PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
 
 
@@ -24,12 +27,16 @@ class Run:
     tokens: list[int]
     seconds: float
     steps: int  # decoding forward passes after the prefill
-    phases: dict[str, float] | None = None  # our decoder's step time split (seconds), PHASES keys
+    timings: StepTimings | None = None  # our decoder's step time split (summed over steps)
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens produced by decoding steps: the prefill's token is not a step's."""
+        return max(len(self.tokens) - 1, 0)
 
     @property
     def mean_accepted_tokens(self) -> float:
-        """Tokens per decoding step. The prefill's token is not a step: (tokens - 1) / steps."""
-        return (len(self.tokens) - 1) / self.steps if self.steps else 1.0
+        return mean_accepted_tokens(self.step_tokens, self.steps)
 
 
 class _ForwardCounter:
@@ -50,8 +57,13 @@ class HFGenerate:
     """transformers `generate`, greedy or sampling; with `prompt_lookup` it is HF prompt lookup
     decoding. Sampling draws from torch's global generator (seeded once by the bench)."""
 
-    def __init__(self, model: torch.nn.Module, eos_token_ids: list[int], prompt_lookup: bool,
-                 sampling: SamplingConfig | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_ids: list[int],
+        prompt_lookup: bool,
+        sampling: SamplingConfig | None = None,
+    ) -> None:
         self.model = model
         self.eos = eos_token_ids
         self.prompt_lookup = prompt_lookup
@@ -65,13 +77,19 @@ class HFGenerate:
         counter = _ForwardCounter(self.model)
         try:
             start = time.perf_counter()
-            out = self.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens,
-                                      eos_token_id=self.eos or None, pad_token_id=self.eos[0] if self.eos else 0,
-                                      **self.sampling.generate_kwargs(), **extra)
+            out = self.model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=self.eos or None,
+                pad_token_id=self.eos[0] if self.eos else 0,
+                **self.sampling.generate_kwargs(),
+                **extra,
+            )
             seconds = time.perf_counter() - start
         finally:
             counter.close()
-        tokens = out[0, len(ids):].tolist()
+        tokens = out[0, len(ids) :].tolist()
         return Run(tokens, seconds, max(counter.calls - 1, 0))
 
 
@@ -87,20 +105,21 @@ class TokenRecycling:
         self.decoder.reset()
         result = self.decoder.generate(ids, StopCondition.build(max_new_tokens, self.eos))
         stats = result.stats
-        phases = {name: getattr(stats, f"{name}_seconds") for name in PHASES}
-        return Run(result.tokens, stats.wall_seconds, stats.steps, phases)
+        return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings)
 
 
 def parse_methods(names: list[str]) -> list[str]:
     """Known methods, plus `tr:TREE` variants (e.g. tr:paper, tr:auto, tr:none+lookup10); raises
-    ValueError naming the first unknown one."""
+    UserError naming the first unknown one."""
     for name in names:
         if name not in METHODS and not (name.startswith("tr:") and len(name) > 3):
-            raise ValueError(f"--methods: unknown method {name}; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper)")
+            raise UserError(
+                f"--methods: unknown method {name}; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper)"
+            )
     if len(set(names)) != len(names):
-        raise ValueError("--methods: a method is listed twice")
+        raise UserError("--methods: a method is listed twice")
     if not names:
-        raise ValueError(f"--methods: no method given; choose from {', '.join(METHODS)}")
+        raise UserError(f"--methods: no method given; choose from {', '.join(METHODS)}")
     return names
 
 
@@ -112,5 +131,23 @@ def variant_tree(name: str) -> tuple[str, int | None]:
         try:
             return tree, int(length)
         except ValueError:
-            raise ValueError(f"--methods {name}: the lookup length must be a number, e.g. tr:paper+lookup10") from None
+            raise UserError(f"--methods {name}: the lookup length must be a number, e.g. tr:paper+lookup10") from None
     return tree, None
+
+
+def make_runners(engine: Engine, methods: list[str], variants: dict[str, TreeChoice]) -> tuple[dict, dict[str, str]]:
+    """Each method's runner, in the given order, and the drafts of our decoders. `tr` decodes on
+    the engine's decoder (the store's matrix); `ar` and `tr:TREE` variants on copies of the
+    matrix, so they neither help one another nor change the store."""
+    runners, drafts = {}, {}
+    eos = engine.loaded.eos_token_ids
+    for name in methods:
+        if name == "tr" or name in variants:
+            decoder = engine.decoder if name == "tr" else engine.make_decoder(variants[name], fork=True)
+            runners[name] = TokenRecycling(decoder, eos).run
+            drafts[name] = decoder.describe()
+        else:
+            runners[name] = HFGenerate(
+                engine.loaded.model, eos, prompt_lookup=name == "pld", sampling=engine.sampling
+            ).run
+    return runners, drafts

@@ -2,33 +2,27 @@
 
 from __future__ import annotations
 
+from ..core.events import StepTimings, mean_accepted_tokens, tokens_per_second
 from .distribution import DistributionCheck
 from .runner import Measured, PromptResult
 
 
 def _rate(items: list[Measured]) -> float:
-    seconds = sum(m.seconds for m in items)
-    return sum(m.new_tokens for m in items) / seconds if seconds else 0.0
+    return tokens_per_second(sum(m.new_tokens for m in items), sum(m.seconds for m in items))
 
 
 def _mat(items: list[Measured]) -> float:
-    steps = sum(m.steps for m in items)
-    return sum(m.step_tokens for m in items) / steps if steps else 1.0
+    return mean_accepted_tokens(sum(m.step_tokens for m in items), sum(m.steps for m in items))
 
 
 def _step_split(items: list[Measured]) -> dict | None:
     """Mean ms per step of each phase of our decoder, and the share outside the model's forward."""
-    timed = [m for m in items if m.phases is not None]
+    timed = [m for m in items if m.timings is not None]
     steps = sum(m.steps for m in timed)
     if not timed or not steps:
         return None
-    totals: dict[str, float] = {}
-    for m in timed:
-        for name, seconds in m.phases.items():
-            totals[name] = totals.get(name, 0.0) + seconds
-    step = sum(totals.values())
-    return {"step_ms": {name: seconds / steps * 1e3 for name, seconds in totals.items()},
-            "outside_forward": 1.0 - totals.get("forward", 0.0) / step if step else None}
+    total = sum((m.timings for m in timed), StepTimings())
+    return {"step_ms": total.ms_per_step(steps), "outside_forward": total.outside_forward}
 
 
 def _check(items: list[Measured]) -> dict | None:
@@ -55,8 +49,13 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
         rate = _rate(items)
         base = _rate([r.methods["baseline"] for r in subset]) if has_baseline else 0.0
         ar = _rate([r.methods["ar"] for r in subset]) if has_ar else 0.0
-        return {"tokens_per_second": rate, "speedup": rate / base if base else None, "mean_accepted_tokens": _mat(items),
-                "speedup_vs_ar": rate / ar if ar else None, "items": items}
+        return {
+            "tokens_per_second": rate,
+            "speedup": rate / base if base else None,
+            "mean_accepted_tokens": _mat(items),
+            "speedup_vs_ar": rate / ar if ar else None,
+            "items": items,
+        }
 
     report_methods = {}
     for name in methods:
@@ -81,14 +80,21 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
         categories[category] = {}
         for name in methods:
             b = block(name, subset)
-            categories[category][name] = {"speedup": b["speedup"], "mean_accepted_tokens": b["mean_accepted_tokens"],
-                                          "tokens_per_second": b["tokens_per_second"], "speedup_vs_ar": b["speedup_vs_ar"]}
+            categories[category][name] = {
+                "speedup": b["speedup"],
+                "mean_accepted_tokens": b["mean_accepted_tokens"],
+                "tokens_per_second": b["tokens_per_second"],
+                "speedup_vs_ar": b["speedup_vs_ar"],
+            }
     prompts = []
     for r in results:
         entry: dict = {"id": r.record.id, "category": r.record.category, "turns": r.turns}
         for name, m in r.methods.items():
-            entry[name] = {"new_tokens": m.new_tokens, "wall_seconds": m.seconds,
-                           "mean_accepted_tokens": m.mean_accepted_tokens,
-                           "identical_to_baseline": None if sampled else r.identical_to_baseline(name)}
+            entry[name] = {
+                "new_tokens": m.new_tokens,
+                "wall_seconds": m.seconds,
+                "mean_accepted_tokens": m.mean_accepted_tokens,
+                "identical_to_baseline": None if sampled else r.identical_to_baseline(name),
+            }
         prompts.append(entry)
     return {"environment": environment, "methods": report_methods, "categories": categories, "prompts": prompts}

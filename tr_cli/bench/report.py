@@ -52,8 +52,16 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
     the identical-output count (greedy) or the distribution check's z (sampling)."""
     categories = list(report["categories"])
     with_ar = "ar" in report["methods"]
-    header = ["method", *categories, "MAT", "tok/s", "speedup", *(["vs ar"] if with_ar else []), "outside fwd",
-              "dist. z" if sampled(report) else "identical"]
+    header = [
+        "method",
+        *categories,
+        "MAT",
+        "tok/s",
+        "speedup",
+        *(["vs ar"] if with_ar else []),
+        "outside fwd",
+        "dist. z" if sampled(report) else "identical",
+    ]
     body = []
     for name, m in report["methods"].items():
         split = m.get("step_split") or {}
@@ -64,14 +72,39 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
             last = _distribution_cell(m.get("distribution_check"))
         else:
             last = "–" if m["identical_to_baseline"] is None else f"{m['identical_to_baseline']}/{m['prompts']}"
-        body.append([name, *cells, _fmt(m["mean_accepted_tokens"]), _fmt(m["tokens_per_second"], 1),
-                     _fmt(m["speedup"], 2, "×"), *extra, outside, last])
+        body.append(
+            [
+                name,
+                *cells,
+                _fmt(m["mean_accepted_tokens"]),
+                _fmt(m["tokens_per_second"], 1),
+                _fmt(m["speedup"], 2, "×"),
+                *extra,
+                outside,
+                last,
+            ]
+        )
     return header, body
 
 
 def environment_line(env: dict) -> str:
-    keys = ("model", "dtype", "device_name", "threads", "tree", "trees", "k", "decoding", "seed", "max_new_tokens", "matrix", "torch",
-            "transformers", "tr_version", "date")
+    keys = (
+        "model",
+        "dtype",
+        "device_name",
+        "threads",
+        "tree",
+        "trees",
+        "k",
+        "decoding",
+        "seed",
+        "max_new_tokens",
+        "matrix",
+        "torch",
+        "transformers",
+        "tr_version",
+        "date",
+    )
     return " · ".join(f"{k}: {env[k]}" for k in keys if env.get(k) is not None)
 
 
@@ -85,37 +118,51 @@ def to_markdown(report: dict) -> str:
 def to_csv(report: dict) -> str:
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(["method", "category", "tokens_per_second", "speedup", "mean_accepted_tokens", "identical_to_baseline", "prompts",
-                     "distribution_z"])
+    writer.writerow(
+        [
+            "method",
+            "category",
+            "tokens_per_second",
+            "speedup",
+            "mean_accepted_tokens",
+            "identical_to_baseline",
+            "prompts",
+            "distribution_z",
+        ]
+    )
     for name, m in report["methods"].items():
         check = m.get("distribution_check") or {}
-        writer.writerow([name, "all", f"{m['tokens_per_second']:.4f}", _fmt(m["speedup"], 4), f"{m['mean_accepted_tokens']:.4f}",
-                         "" if m["identical_to_baseline"] is None else m["identical_to_baseline"], m["prompts"],
-                         "" if check.get("z") is None else f"{check['z']:.4f}"])
+        writer.writerow(
+            [
+                name,
+                "all",
+                f"{m['tokens_per_second']:.4f}",
+                _fmt(m["speedup"], 4),
+                f"{m['mean_accepted_tokens']:.4f}",
+                "" if m["identical_to_baseline"] is None else m["identical_to_baseline"],
+                m["prompts"],
+                "" if check.get("z") is None else f"{check['z']:.4f}",
+            ]
+        )
     for category, methods in report["categories"].items():
         for name, c in methods.items():
-            writer.writerow([name, category, f"{c['tokens_per_second']:.4f}", _fmt(c["speedup"], 4),
-                             f"{c['mean_accepted_tokens']:.4f}", "", "", ""])
+            writer.writerow(
+                [
+                    name,
+                    category,
+                    f"{c['tokens_per_second']:.4f}",
+                    _fmt(c["speedup"], 4),
+                    f"{c['mean_accepted_tokens']:.4f}",
+                    "",
+                    "",
+                    "",
+                ]
+            )
     return out.getvalue()
 
 
 def to_json(report: dict) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
-
-
-def to_rich_table(report: dict):
-    from rich.table import Table
-    from rich.text import Text
-
-    header, body = rows(report)
-    baseline = "sampling" if sampled(report) else "greedy"
-    table = Table(title=f"tr bench: speedup over transformers {baseline}", title_justify="left",
-                  caption=environment_line(report["environment"]), caption_justify="left")
-    for i, column in enumerate(header):
-        table.add_column(column, justify="left" if i == 0 else "right")
-    for row in body:
-        table.add_row(*(Text(cell) for cell in row))
-    return table
 
 
 def render(report: dict, fmt: str) -> str:

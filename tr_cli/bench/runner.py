@@ -6,7 +6,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..prompts import PromptRecord
+from ..core.events import StepTimings, mean_accepted_tokens, tokens_per_second
+from ..text.conversation import ConversationEncoder, messages_of
+from ..text.prompts import PromptRecord
 from .distribution import DistributionCheck
 from .methods import Run
 
@@ -18,30 +20,25 @@ class Measured:
     tokens: list[list[int]] = field(default_factory=list)  # per turn
     seconds: float = 0.0
     steps: int = 0
+    step_tokens: int = 0  # tokens produced by decoding steps (each turn's first comes from its prefill)
     check: DistributionCheck | None = None  # sampled runs only
-    phases: dict[str, float] | None = None  # our decoders' step time split, summed over turns
+    timings: StepTimings | None = None  # our decoders' step time split, summed over turns
 
     @property
     def new_tokens(self) -> int:
         return sum(len(t) for t in self.tokens)
 
     @property
-    def step_tokens(self) -> int:
-        """Tokens produced by decoding steps (each turn's first token comes from its prefill)."""
-        return sum(max(len(t) - 1, 0) for t in self.tokens)
-
-    @property
     def mean_accepted_tokens(self) -> float:
-        return self.step_tokens / self.steps if self.steps else 1.0
+        return mean_accepted_tokens(self.step_tokens, self.steps)
 
     def add(self, run: Run) -> None:
         self.tokens.append(run.tokens)
         self.seconds += run.seconds
         self.steps += run.steps
-        if run.phases is not None:
-            self.phases = self.phases or dict.fromkeys(run.phases, 0.0)
-            for name, seconds in run.phases.items():
-                self.phases[name] += seconds
+        self.step_tokens += run.step_tokens
+        if run.timings is not None:
+            self.timings = run.timings if self.timings is None else self.timings + run.timings
 
 
 @dataclass
@@ -60,6 +57,12 @@ Runner = Callable[[list[int], int], Run]
 EncodeTurn = Callable[[list[tuple[str, str]], str], list[int]]  # (history of (user, reply), new user text) -> ids
 Progress = Callable[[int, str, dict[str, float]], None]  # prompt index, method, running speedups
 Check = Callable[[list[int], list[int]], DistributionCheck]  # (input ids, generated tokens) -> scores
+
+
+def conversation_turns(encoder: ConversationEncoder, system: str | None = None) -> EncodeTurn:
+    """How bench turns a prompt's next turn into ids: the whole conversation so far (the method's
+    earlier answers as text) through the one conversation encoder, as `tr chat` would rebuild it."""
+    return lambda history, text: encoder.encode(messages_of(history, text, system)).ids
 
 
 def median_run(runner: Runner, ids: list[int], max_new_tokens: int, repeats: int) -> Run:
@@ -115,9 +118,11 @@ def running_speedups(results: list[PromptResult]) -> dict[str, float]:
     """tokens/s of each method over the baseline's, so far (empty without a baseline)."""
     if not results or "baseline" not in results[0].methods:
         return {}
+
     def rate(name: str) -> float:
-        tokens = sum(r.methods[name].new_tokens for r in results)
-        seconds = sum(r.methods[name].seconds for r in results)
-        return tokens / seconds if seconds else 0.0
+        return tokens_per_second(
+            sum(r.methods[name].new_tokens for r in results), sum(r.methods[name].seconds for r in results)
+        )
+
     base = rate("baseline")
     return {name: rate(name) / base for name in results[0].methods if name != "baseline" and base}

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from .. import __version__
 from .bench import bench
 from .chat import chat
+from .errors import ErrorBoundary
 from .generate import generate
 from .matrix import app as matrix_app
 
 app = typer.Typer(
+    cls=ErrorBoundary,
     name="tr",
     help="Token Recycling: faster lossless decoding (greedy or sampled) for any transformers model, no training.",
     no_args_is_help=True,
@@ -27,7 +31,9 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True, help="Print the version and exit."),
+    version: Annotated[
+        bool, typer.Option("--version", "-V", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
 ) -> None:
     """Token Recycling: faster lossless decoding (greedy or sampled) for any transformers model, no training."""
 

@@ -5,36 +5,66 @@ from __future__ import annotations
 import json
 from dataclasses import replace as with_changes
 from pathlib import Path
+from typing import Annotated
 
 import typer
-from rich.markup import escape
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from ..completion import complete_matrix
-from ..corpus import read_corpus
-from ..errors import UserError
-from ..hot_matrix import check_compatible
-from ..matrix_init import fill_from_token_lists
+from ..core.matrix import filled_rows
+from ..core.matrix_init import fill_from_token_lists
+from ..engine.choices import EngineOptions
+from ..errors import MatrixFileError, UserError
 from ..models import load_tokenizer
-from ..store import (
+from ..store.atomic import locked
+from ..store.matrix_file import (
     SUFFIX,
     MatrixFile,
-    MatrixFileError,
+    check_compatible,
     copy_matrix_file,
     default_path,
-    iso,
     list_matrices,
-    locked,
-    now_us,
     read_matrix,
     tokenizer_fingerprint,
     write_matrix,
 )
-from ..text import encode_prompt
-from .common import DeviceOpt, DtypeOpt, KOpt, ModelArg, load_with_progress, stderr, user_errors
+from ..store.paths import cache_dir
+from ..store.timestamps import iso, now_us
+from ..text.corpus import read_corpus, token_lists
+from . import options as opt
+from .completion import complete_matrix
+from .console import stderr
+from .setup import open_engine
+
+Sources = Annotated[
+    list[Path], typer.Option("--from", help="Text files or prompt JSONL files (default: the bundled sample prompts).")
+]
+Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing matrix.")]
+MatrixTarget = Annotated[
+    Path | None, typer.Option("--matrix", help="Write this file instead of the model's stored matrix.")
+]
+InspectTarget = Annotated[
+    str | None,
+    typer.Argument(
+        help="A matrix file, or a model whose stored matrix to show (default model if omitted).",
+        autocompletion=complete_matrix,
+    ),
+]
+TokenizerModel = Annotated[
+    str | None, typer.Option("--model", help="Model whose tokenizer decodes --token when TARGET is a file.")
+]
+Tokens = Annotated[
+    list[str], typer.Option("--token", help="Show the candidates stored for this text's tokens (repeatable).")
+]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+ModelAndOutput = Annotated[
+    list[str], typer.Argument(metavar="[MODEL] OUTPUT", help="Optional model, then the file to write.")
+]
+ModelAndInput = Annotated[
+    list[str], typer.Argument(metavar="[MODEL] INPUT", help="Optional model, then the matrix file to import.")
+]
 
 app = typer.Typer(help="Manage the hot-start matrices (one per tokenizer, kept across sessions).", no_args_is_help=True)
 stdout = Console(highlight=False, soft_wrap=True)
@@ -42,7 +72,7 @@ stdout = Console(highlight=False, soft_wrap=True)
 
 def _store_path_for(model: str | None, k: int) -> tuple[Path, object, int, str, str]:
     """Default matrix path of a model, with its tokenizer, vocab size, fingerprint and id."""
-    tokenizer, vocab_size, source = load_tokenizer(model)
+    tokenizer, vocab_size, source = load_tokenizer(model, cache=cache_dir())
     fingerprint = tokenizer_fingerprint(tokenizer)
     return default_path(fingerprint, vocab_size, k), tokenizer, vocab_size, fingerprint, source.model_id
 
@@ -51,43 +81,51 @@ def _read(path: Path, what: str) -> MatrixFile:
     try:
         return read_matrix(path)
     except MatrixFileError as exc:
-        raise UserError(f"{exc}; {what}") from None
+        raise MatrixFileError(f"{exc}; {what}") from None
 
 
 @app.command()
 def init(
-    model: str | None = ModelArg,
-    sources: list[Path] = typer.Option([], "--from", help="Text files or prompt JSONL files (default: the bundled sample prompts)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing matrix."),
-    k: int = KOpt,
-    matrix: Path | None = typer.Option(None, "--matrix", help="Write this file instead of the model's stored matrix."),
-    device: str = DeviceOpt,
-    dtype: str = DtypeOpt,
+    model: opt.ModelArgument = None,
+    sources: Sources = [],  # noqa: B006 - Typer's way of declaring a repeatable option
+    force: Force = False,
+    k: opt.K = 8,
+    matrix: MatrixTarget = None,
+    device: opt.Device = "auto",
+    dtype: opt.Dtype = "auto",
 ) -> None:
     """Build a matrix by running the model over text (prefill; each position's top-k into its token's row)."""
-    with user_errors():
-        texts = read_corpus(sources)  # validated before the model loads
-        loaded = load_with_progress(model, device, dtype)
-        fingerprint = tokenizer_fingerprint(loaded.tokenizer)
-        path = matrix or default_path(fingerprint, loaded.vocab_size, k)
-        if path.exists() and not force:
-            raise UserError(f"{path}: a matrix already exists ({_summary(path)}); pass --force to rebuild it")
-        tok = loaded.tokenizer
-        token_lists = [encode_prompt(tok, t.text) if t.is_prompt else tok.encode(t.text) for t in texts]
-        data = MatrixFile.empty(loaded.vocab_size, k, fingerprint, loaded.model_id)
-        live = data.matrix.to(loaded.device)
-        total = sum(len(ids) for ids in token_lists)
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeRemainingColumn(), console=stderr, transient=True) as progress:
-            task = progress.add_task(f"Prefilling {len(texts)} texts", total=total)
-            fill_from_token_lists(loaded.model, live, token_lists, progress=lambda n: progress.advance(task, n))
-        data.matrix = live.cpu()
-        filled = data.matrix.any(dim=1)
-        data.stamps[filled] = now_us()
-        data.meta = with_changes(data.meta, update_count=int(filled.sum()))
-        with locked(path):
-            write_matrix(path, data)
-        stderr.print(f"matrix: {int(filled.sum()):,} of {loaded.vocab_size:,} rows filled from {total:,} tokens → {escape(str(path))}")
+    texts = read_corpus(sources)  # validated before the model loads
+    loaded = open_engine(
+        EngineOptions(model=model, device=device, dtype=dtype, k=k), matrix=False, decoder=False, banner=False
+    ).loaded
+    fingerprint = tokenizer_fingerprint(loaded.tokenizer)
+    path = matrix or default_path(fingerprint, loaded.vocab_size, k)
+    if path.exists() and not force:
+        raise UserError(f"{path}: a matrix already exists ({_summary(path)}); pass --force to rebuild it")
+    ids = token_lists(loaded.tokenizer, texts)
+    data = MatrixFile.empty(loaded.vocab_size, k, fingerprint, loaded.model_id)
+    live = data.matrix.to(loaded.device)
+    total = sum(len(chunk) for chunk in ids)
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=stderr,
+        transient=True,
+    ) as progress:
+        task = progress.add_task(f"Prefilling {len(texts)} texts", total=total)
+        fill_from_token_lists(loaded.model, live, ids, progress=lambda n: progress.advance(task, n))
+    data.matrix = live.cpu()
+    filled = filled_rows(data.matrix)
+    data.stamps[filled] = now_us()
+    data.meta = with_changes(data.meta, update_count=data.rows_filled)
+    with locked(path):
+        write_matrix(path, data)
+    stderr.print(
+        Text(f"matrix: {data.rows_filled:,} of {loaded.vocab_size:,} rows filled from {total:,} tokens → {path}")
+    )
 
 
 def _summary(path: Path) -> str:
@@ -100,36 +138,36 @@ def _summary(path: Path) -> str:
 
 @app.command()
 def inspect(
-    target: str | None = typer.Argument(None, help="A matrix file, or a model whose stored matrix to show (default model if omitted).",
-                                        autocompletion=complete_matrix),
-    model: str | None = typer.Option(None, "--model", help="Model whose tokenizer decodes --token when TARGET is a file."),
-    tokens: list[str] = typer.Option([], "--token", help="Show the candidates stored for this text's tokens (repeatable)."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
-    k: int = KOpt,
+    target: InspectTarget = None,
+    model: TokenizerModel = None,
+    tokens: Tokens = [],  # noqa: B006 - Typer's way of declaring a repeatable option
+    as_json: AsJson = False,
+    k: opt.K = 8,
 ) -> None:
     """Show a matrix: where, how big, whose, how full, and the candidates for given tokens."""
-    with user_errors():
-        tokenizer = None
-        if target and (target.endswith(SUFFIX) or Path(target).is_file()):
-            path = Path(target)
-            data = _read(path, "pass a matrix file written by tr")
-            if tokens:
-                if model is None:
-                    raise UserError("--token needs --model MODEL to turn text into token ids for a matrix file")
-                tokenizer, vocab_size, _ = load_tokenizer(model)
-                check_compatible(data.meta, tokenizer_fingerprint(tokenizer), vocab_size, data.meta.k, path)
-        else:
-            path, tokenizer, _, _, model_id = _store_path_for(target or model, k)
-            if not path.exists():
-                raise UserError(f"no stored matrix for {model_id} yet ({path}); build one with: tr matrix init {target or ''}".rstrip())
-            data = _read(path, "move it away or rebuild it with tr matrix init --force")
-        report = _report(path, data)
+    tokenizer = None
+    if target and (target.endswith(SUFFIX) or Path(target).is_file()):
+        path = Path(target)
+        data = _read(path, "pass a matrix file written by tr")
         if tokens:
-            report["tokens"] = _token_candidates(tokenizer, data, tokens)
-        if as_json:
-            typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
-        else:
-            _print_report(report)
+            if model is None:
+                raise UserError("--token needs --model MODEL to turn text into token ids for a matrix file")
+            tokenizer, vocab_size, _ = load_tokenizer(model, cache=cache_dir())
+            check_compatible(data.meta, tokenizer_fingerprint(tokenizer), vocab_size, data.meta.k, path)
+    else:
+        path, tokenizer, _, _, model_id = _store_path_for(target or model, k)
+        if not path.exists():
+            raise UserError(
+                f"no stored matrix for {model_id} yet ({path}); build one with: tr matrix init {target or ''}".rstrip()
+            )
+        data = _read(path, "move it away or rebuild it with tr matrix init --force")
+    report = _report(path, data)
+    if tokens:
+        report["tokens"] = _token_candidates(tokenizer, data, tokens)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        _print_report(report)
 
 
 def _report(path: Path, data: MatrixFile) -> dict:
@@ -155,13 +193,15 @@ def _token_candidates(tokenizer, data: MatrixFile, texts: list[str]) -> list[dic
     for text in texts:
         for token_id in tokenizer.encode(text, add_special_tokens=False):
             row = data.matrix[token_id].tolist()
-            out.append({
-                "text": text,
-                "token_id": token_id,
-                "token": tokenizer.decode([token_id]),
-                "filled": any(row),
-                "candidates": [{"id": c, "text": tokenizer.decode([c])} for c in row],
-            })
+            out.append(
+                {
+                    "text": text,
+                    "token_id": token_id,
+                    "token": tokenizer.decode([token_id]),
+                    "filled": any(row),
+                    "candidates": [{"id": c, "text": tokenizer.decode([c])} for c in row],
+                }
+            )
     return out
 
 
@@ -197,65 +237,68 @@ def _print_report(report: dict) -> None:
 
 @app.command()
 def export(
-    model_or_output: list[str] = typer.Argument(..., metavar="[MODEL] OUTPUT", help="Optional model, then the file to write."),
-    force: bool = typer.Option(False, "--force", help="Overwrite OUTPUT if it exists."),
-    k: int = KOpt,
+    model_or_output: ModelAndOutput,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
+    k: opt.K = 8,
 ) -> None:
     """Copy a model's stored matrix to a file (to move it to another machine)."""
-    with user_errors():
-        model, output = _model_and_file(model_or_output, "OUTPUT")
-        output = Path(output)
-        if output.exists() and not force:
-            raise UserError(f"{output}: exists; pass --force to overwrite it")
-        if output.suffix != SUFFIX:
-            raise UserError(f"{output}: matrix files end in {SUFFIX}; name it e.g. {output.with_suffix(SUFFIX).name}")
-        path, *_ = _store_path_for(model, k)
-        if not path.exists():
-            raise UserError(f"no stored matrix for {model or 'the default model'} yet ({path}); nothing to export")
-        with locked(path):
-            try:
-                data = copy_matrix_file(path, output)
-            except MatrixFileError as exc:
-                raise UserError(f"{exc}; the stored matrix is damaged, rebuild it with tr matrix init --force") from None
-        stderr.print(f"exported {escape(path.name)} ({data.rows_filled:,} rows filled) → {escape(str(output))}")
+    model, output = _model_and_file(model_or_output, "OUTPUT")
+    output = Path(output)
+    if output.exists() and not force:
+        raise UserError(f"{output}: exists; pass --force to overwrite it")
+    if output.suffix != SUFFIX:
+        raise UserError(f"{output}: matrix files end in {SUFFIX}; name it e.g. {output.with_suffix(SUFFIX).name}")
+    path, *_ = _store_path_for(model, k)
+    if not path.exists():
+        raise UserError(f"no stored matrix for {model or 'the default model'} yet ({path}); nothing to export")
+    with locked(path):
+        try:
+            data = copy_matrix_file(path, output)
+        except MatrixFileError as exc:
+            raise UserError(f"{exc}; the stored matrix is damaged, rebuild it with tr matrix init --force") from None
+    stderr.print(Text(f"exported {path.name} ({data.rows_filled:,} rows filled) → {output}"))
 
 
 @app.command(name="import")
 def import_(
-    model_or_input: list[str] = typer.Argument(..., metavar="[MODEL] INPUT", help="Optional model, then the matrix file to import."),
-    replace: bool = typer.Option(False, "--replace", help="Replace the stored matrix with INPUT."),
-    merge: bool = typer.Option(False, "--merge", help="Per row, keep the more recently updated candidates (default)."),
-    force: bool = typer.Option(False, "--force", help="Import despite a tokenizer fingerprint mismatch (vocab size and k must match)."),
-    k: int = KOpt,
+    model_or_input: ModelAndInput,
+    replace: Annotated[bool, typer.Option("--replace", help="Replace the stored matrix with INPUT.")] = False,
+    merge: Annotated[
+        bool, typer.Option("--merge", help="Per row, keep the more recently updated candidates (default).")
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Import despite a tokenizer fingerprint mismatch (vocab size and k must match)."),
+    ] = False,
+    k: opt.K = 8,
 ) -> None:
     """Bring a matrix file into the store, merged with (default) or replacing the stored one."""
-    with user_errors():
-        if replace and merge:
-            raise UserError("--merge and --replace exclude each other; pick one")
-        model, source = _model_and_file(model_or_input, "INPUT")
-        incoming = _read(Path(source), "the stored matrix was left untouched")
-        path, _, vocab_size, fingerprint, model_id = _store_path_for(model, k)
-        meta = incoming.meta
-        if meta.vocab_size != vocab_size or meta.k != k:
-            raise UserError(
-                f"{source}: matrix is {meta.vocab_size:,}×{meta.k}, {model_id} needs {vocab_size:,}×{k} (--k); not imported"
-            )
-        if meta.fingerprint != fingerprint and not force:
-            raise UserError(
-                f"{source}: written for another tokenizer (fingerprint {meta.fingerprint}, model {meta.model_id}; "
-                f"{model_id} has {fingerprint}), so its ids may mean other tokens; pass --force to import anyway"
-            )
-        incoming.meta = with_changes(meta, fingerprint=fingerprint)
-        with locked(path):
-            if replace or not path.exists():
-                result = incoming
-                how = "replaced" if path.exists() else "stored"
-            else:
-                current = _read(path, "the stored matrix is damaged; use --replace to overwrite it")
-                result = current.merged_with(incoming)
-                how = "merged"
-            write_matrix(path, result)
-        stderr.print(f"{how}: {escape(source)} → {escape(str(path))} ({result.rows_filled:,} rows filled)")
+    if replace and merge:
+        raise UserError("--merge and --replace exclude each other; pick one")
+    model, source = _model_and_file(model_or_input, "INPUT")
+    incoming = _read(Path(source), "the stored matrix was left untouched")
+    path, _, vocab_size, fingerprint, model_id = _store_path_for(model, k)
+    meta = incoming.meta
+    if meta.vocab_size != vocab_size or meta.k != k:
+        raise UserError(
+            f"{source}: matrix is {meta.vocab_size:,}×{meta.k}, {model_id} needs {vocab_size:,}×{k} (--k); not imported"
+        )
+    if meta.fingerprint != fingerprint and not force:
+        raise UserError(
+            f"{source}: written for another tokenizer (fingerprint {meta.fingerprint}, model {meta.model_id}; "
+            f"{model_id} has {fingerprint}), so its ids may mean other tokens; pass --force to import anyway"
+        )
+    incoming.meta = with_changes(meta, fingerprint=fingerprint)
+    with locked(path):
+        if replace or not path.exists():
+            result = incoming
+            how = "replaced" if path.exists() else "stored"
+        else:
+            current = _read(path, "the stored matrix is damaged; use --replace to overwrite it")
+            result = current.merged_with(incoming)
+            how = "merged"
+        write_matrix(path, result)
+    stderr.print(Text(f"{how}: {source} → {path} ({result.rows_filled:,} rows filled)"))
 
 
 def _model_and_file(values: list[str], name: str) -> tuple[str | None, str]:
@@ -269,20 +312,25 @@ def _model_and_file(values: list[str], name: str) -> tuple[str | None, str]:
 @app.command(name="list")
 def list_() -> None:
     """Every stored matrix: model, shape, fill, updates, last update."""
-    with user_errors():
-        entries = list_matrices()
-        if not entries:
-            stderr.print("no stored matrices yet; they appear after tr generate / chat / bench or tr matrix init")
-            return
-        table = Table()
-        for column in ("file", "model", "shape", "filled", "updates", "updated", "size"):
-            table.add_column(column, overflow="fold")
-        for path, data in entries:
-            if data is None:
-                table.add_row(Text(path.name), Text("(unreadable)", style="red"), "", "", "", "", "")
-                continue
-            meta = data.meta
-            table.add_row(Text(path.name), Text(meta.model_id), f"{meta.vocab_size:,}×{meta.k}",
-                          f"{100 * data.rows_filled / meta.vocab_size:.1f} %", f"{meta.update_count:,}",
-                          iso(meta.updated_us), f"{path.stat().st_size / 1e6:.1f} MB")
-        stdout.print(table)
+    entries = list_matrices()
+    if not entries:
+        stderr.print("no stored matrices yet; they appear after tr generate / chat / bench or tr matrix init")
+        return
+    table = Table()
+    for column in ("file", "model", "shape", "filled", "updates", "updated", "size"):
+        table.add_column(column, overflow="fold")
+    for path, data in entries:
+        if data is None:
+            table.add_row(Text(path.name), Text("(unreadable)", style="red"), "", "", "", "", "")
+            continue
+        meta = data.meta
+        table.add_row(
+            Text(path.name),
+            Text(meta.model_id),
+            f"{meta.vocab_size:,}×{meta.k}",
+            f"{100 * data.rows_filled / meta.vocab_size:.1f} %",
+            f"{meta.update_count:,}",
+            iso(meta.updated_us),
+            f"{path.stat().st_size / 1e6:.1f} MB",
+        )
+    stdout.print(table)

@@ -11,13 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import UnsupportedAttention
+
 FULL = "full_attention"
 SLIDING = "sliding_attention"
 SUPPORTED_LAYER_TYPES = (FULL, SLIDING)
-
-
-class UnsupportedAttention(ValueError):
-    """The model uses an attention pattern this decoder cannot mask."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +26,7 @@ class AttentionLayout:
     device: torch.device
 
     @classmethod
-    def from_config(cls, config, dtype: torch.dtype, device: torch.device | str) -> "AttentionLayout":
+    def from_config(cls, config, dtype: torch.dtype, device: torch.device | str) -> AttentionLayout:
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         window = getattr(text, "sliding_window", None)
         types = getattr(text, "layer_types", None)
@@ -41,7 +39,8 @@ class AttentionLayout:
         unknown = [t for t in distinct if t not in SUPPORTED_LAYER_TYPES]
         if unknown:
             raise UnsupportedAttention(
-                f"attention layer type(s) {', '.join(unknown)} are not supported (only {', '.join(SUPPORTED_LAYER_TYPES)})"
+                f"attention layer type(s) {', '.join(unknown)} are not supported "
+                f"(only {', '.join(SUPPORTED_LAYER_TYPES)})"
             )
         if SLIDING in distinct and not window:
             raise UnsupportedAttention("sliding-window layers without a sliding_window size in the config")
@@ -57,16 +56,21 @@ class AttentionLayout:
         Returns an additive float mask (1, 1, q, past_len + q), or a dict of them per layer type.
         """
         q = positions.shape[0]
-        allowed = torch.ones(q, past_len + q, dtype=torch.bool, device=self.device)
-        allowed[:, past_len:] = visible
         masks = {}
         for layer_type in self.layer_types:
-            layer_allowed = allowed
             if layer_type == SLIDING:
+                allowed = torch.ones(q, past_len + q, dtype=torch.bool, device=self.device)
+                allowed[:, past_len:] = visible
                 key_pos = torch.cat([torch.arange(past_len, device=self.device), positions])
                 # Same rule as transformers' sliding overlay: key > query - window.
-                layer_allowed = allowed & (key_pos[None, :] > positions[:, None] - self.sliding_window)
-            masks[layer_type] = _additive(layer_allowed, self.dtype)
+                allowed &= key_pos[None, :] > positions[:, None] - self.sliding_window
+                masks[layer_type] = _additive(allowed, self.dtype)
+            else:
+                # Every cached token is visible: only the block of the new tokens is masked (this
+                # runs every step, so no pass over the whole width but the one that zeroes it).
+                mask = torch.zeros(1, 1, q, past_len + q, dtype=self.dtype, device=self.device)
+                mask[0, 0, :, past_len:].masked_fill_(~visible, torch.finfo(self.dtype).min)
+                masks[layer_type] = mask
         if len(masks) == 1:
             return next(iter(masks.values()))
         return masks

@@ -22,17 +22,18 @@ def new_matrix(vocab_size: int, k: int = DEFAULT_K, device: torch.device | str =
     return torch.zeros(vocab_size, k, dtype=torch.int32, device=device)
 
 
-def top_candidates(logits: torch.Tensor, k: int) -> torch.Tensor:
-    """Top-k token ids per position, (n, V) -> (n, k) int32, best first."""
-    return torch.topk(logits, k, dim=-1, sorted=True).indices.to(torch.int32)
-
-
 def update_rows(matrix: torch.Tensor, tokens: torch.Tensor, candidates: torch.Tensor) -> None:
     """Overwrite row tokens[i] with candidates[i]. With repeated tokens any one write wins: all are
     fresh candidates for that token, so no conflict resolution is needed."""
-    matrix.index_copy_(0, tokens.to(device=matrix.device, dtype=torch.long), candidates.to(matrix.device))
+    rows = tokens.to(device=matrix.device, dtype=torch.long)
+    matrix.index_copy_(0, rows, candidates.to(device=matrix.device, dtype=matrix.dtype))
+
+
+def filled_rows(matrix: torch.Tensor) -> torch.Tensor:
+    """(V,) bool: rows holding any candidate (an empty row is all zeros)."""
+    return matrix.any(dim=1)
 
 
 def rows_filled(matrix: torch.Tensor) -> int:
-    """Rows holding any candidate (an empty row is all zeros)."""
-    return int(matrix.any(dim=1).sum())
+    """How many rows hold any candidate."""
+    return int(filled_rows(matrix).sum())

@@ -5,8 +5,7 @@ Processing follows transformers 5.24 (`GenerationMixin._get_logits_processor`, `
 logits -> repetition penalty -> temperature -> top-k -> top-p -> min-p -> softmax, with the same
 tensor operations as its RepetitionPenaltyLogitsProcessor / TemperatureLogitsWarper /
 TopKLogitsWarper / TopPLogitsWarper / MinPLogitsWarper (min_tokens_to_keep=1), so ties and
-thresholds fall the same way. Settings merge like `generate`: what the caller gives, else the
-model's generation config, else transformers' global defaults (top_k=50 among them).
+thresholds fall the same way. The settings themselves are merged in sampling_config.py.
 
 Verification of a draft tree whose children are single tokens (the draft "distribution" q of a child
 is a point mass) walks from the root. At a node with processed distribution p it tries the children
@@ -40,169 +39,14 @@ is still exact, as a token that never entered the conversation influences nothin
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
 
 import torch
 
-from .tree import TreeBuffers, TreeSpec
+from .sampling_config import SamplingConfig
+from .tree_buffers import TreeBuffers
 from .verify import Acceptance
-
-# transformers' GenerationConfig._get_default_generation_params(): applied where neither the caller
-# nor the model's generation config sets a value. top_k=50 applies even to models that never ask for
-# it (SmolLM2's generation config sets none of these).
-HF_DEFAULTS = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
-
-# Warpers `generate` would apply from a model's generation config that tr does not implement; a
-# model setting one of them to an active value is reported (see ignored_generation_settings).
-_UNSUPPORTED = {
-    "typical_p": lambda v: v is not None and v < 1.0,
-    "epsilon_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
-    "eta_cutoff": lambda v: v is not None and 0.0 < v < 1.0,
-    "top_h": lambda v: v is not None,
-}
-
-SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes 0 .. 2**64 - 1
-
-
-@dataclass(frozen=True)
-class SamplingConfig:
-    """Sampling settings. temperature 0 means greedy decoding (the other fields are then unused);
-    top_k 0 and top_p 1.0 switch those filters off; seed None draws a fresh seed."""
-
-    temperature: float = HF_DEFAULTS["temperature"]
-    top_k: int = HF_DEFAULTS["top_k"]
-    top_p: float = HF_DEFAULTS["top_p"]
-    repetition_penalty: float = HF_DEFAULTS["repetition_penalty"]
-    seed: int | None = None
-    min_p: float | None = None  # only from a model's generation config; no CLI option
-
-    def __post_init__(self) -> None:
-        problem = _check(self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed)
-        if problem:
-            raise ValueError(problem)
-        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be between 0 and 1, got {self.min_p}")
-
-    @classmethod
-    def greedy(cls) -> "SamplingConfig":
-        return cls(temperature=0.0)
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    @classmethod
-    def resolve(
-        cls,
-        generation_config: object | None = None,
-        *,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        repetition_penalty: float | None = None,
-        seed: int | None = None,
-    ) -> "SamplingConfig":
-        """Given values win, then the model's generation config, then transformers' defaults:
-        the settings `model.generate(do_sample=True, ...)` would sample with."""
-
-        def pick(name: str, given):
-            if given is not None:
-                return given
-            value = getattr(generation_config, name, None) if generation_config is not None else None
-            return HF_DEFAULTS[name] if value is None else value
-
-        min_p = getattr(generation_config, "min_p", None) if generation_config is not None else None
-        return cls(
-            temperature=float(pick("temperature", temperature)),
-            top_k=int(pick("top_k", top_k)),
-            top_p=float(pick("top_p", top_p)),
-            repetition_penalty=float(pick("repetition_penalty", repetition_penalty)),
-            seed=seed,
-            min_p=None if min_p is None else float(min_p),
-        )
-
-    def with_changes(self, **changes) -> "SamplingConfig":
-        """A copy with some fields changed (validated again)."""
-        return replace(self, **changes)
-
-    def generate_kwargs(self) -> dict:
-        """Keyword arguments that make `model.generate` decode with these settings (greedy or sampled)."""
-        if self.is_greedy:
-            return {"do_sample": False}
-        kwargs = {"do_sample": True, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-                  "repetition_penalty": self.repetition_penalty}
-        if self.min_p is not None:
-            kwargs["min_p"] = self.min_p
-        return kwargs
-
-    def describe(self) -> str:
-        if self.is_greedy:
-            return "greedy"
-        parts = [f"temperature {self.temperature:g}", f"top_p {self.top_p:g}", f"top_k {self.top_k}"]
-        if self.repetition_penalty != 1.0:
-            parts.append(f"repetition_penalty {self.repetition_penalty:g}")
-        if self.min_p is not None:
-            parts.append(f"min_p {self.min_p:g}")
-        parts.append(f"seed {self.seed}" if self.seed is not None else "seed random")
-        return "sampling: " + ", ".join(parts)
-
-
-def _check(temperature, top_k, top_p, repetition_penalty, seed) -> str | None:
-    """The first bad value as a message, or None."""
-    if temperature is not None and not (temperature >= 0.0 and temperature != float("inf")):
-        return f"temperature must be 0 (greedy) or more, got {temperature}"
-    if top_k is not None and top_k < 0:
-        return f"top_k must be 0 (off) or more, got {top_k}"
-    if top_p is not None and not 0.0 <= top_p <= 1.0:
-        return f"top_p must be between 0 and 1, got {top_p}"
-    if repetition_penalty is not None and not (repetition_penalty > 0.0 and repetition_penalty != float("inf")):
-        return f"repetition_penalty must be more than 0, got {repetition_penalty}"
-    if seed is not None and not 0 <= seed < SEED_LIMIT:
-        return f"seed must be between 0 and {SEED_LIMIT - 1}, got {seed}"
-    return None
-
-
-def check_settings(
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    repetition_penalty: float | None = None,
-    seed: int | None = None,
-) -> str | None:
-    """Validate user-given settings before any model loads: a message for the first bad one, or None."""
-    return _check(temperature, top_k, top_p, repetition_penalty, seed)
-
-
-def wants_sampling(
-    temperature: float | None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    repetition_penalty: float | None = None,
-) -> bool:
-    """tr decodes greedily unless asked to sample: a temperature above 0, or no temperature but a
-    top-p, top-k or repetition penalty (then at the model's temperature). Temperature 0 is greedy."""
-    if temperature is not None:
-        return temperature > 0
-    return any(v is not None for v in (top_p, top_k, repetition_penalty))
-
-
-def ignored_generation_settings(generation_config: object | None) -> list[str]:
-    """Sampling warpers the model's generation config turns on that tr does not apply ("typical_p=0.9")."""
-    if generation_config is None:
-        return []
-    out = []
-    for name, active in _UNSUPPORTED.items():
-        value = getattr(generation_config, name, None)
-        if active(value):
-            out.append(f"{name}={value}")
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# The processed distribution
 
 
 def _seen_mask(context_ids: Sequence[int] | torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
@@ -259,17 +103,14 @@ def process_logits(
 Uniform = Callable[[int], float]
 
 
-def generator_uniform(generator: torch.Generator) -> Uniform:
-    """Uniforms taken one after the other from a torch.Generator (the position is ignored)."""
-    return lambda position: float(torch.rand((), generator=generator, dtype=torch.float64))
-
-
 def positional_uniform(key: int) -> Uniform:
     """u(position): 53 bits of a BLAKE2b hash of (key, position), so any position can be drawn in
     any order and drawing it again gives the same number."""
+
     def uniform(position: int) -> float:
         digest = hashlib.blake2b(key.to_bytes(8, "little") + position.to_bytes(8, "little"), digest_size=8).digest()
         return (int.from_bytes(digest, "little") >> 11) * 2.0**-53
+
     return uniform
 
 
@@ -284,15 +125,6 @@ def draw(probs: torch.Tensor, u: float) -> int:
     # u < 1, but u * total may round up to total: keep the target strictly below it.
     target = torch.minimum(total * u, torch.nextafter(total, total.new_zeros(())))
     return int(torch.searchsorted(cdf, target.view(1), right=True))
-
-
-@functools.lru_cache(maxsize=64)
-def children_of(spec: TreeSpec) -> tuple[tuple[int, ...], ...]:
-    """Child node indices of every node, in node order (the order the walk tries them)."""
-    children: list[list[int]] = [[] for _ in spec.parents]
-    for node in range(1, len(spec.parents)):
-        children[spec.parents[node]].append(node)
-    return tuple(tuple(c) for c in children)
 
 
 def sample_accept(
@@ -313,7 +145,7 @@ def sample_accept(
     nodes under a mismatch are False, as the acceptance statistics never count them.
     """
     tokens = tree_tokens.tolist()
-    children = children_of(buffers.spec)
+    children = buffers.spec.children  # tried in node order
     vocab = logits.shape[-1]
     # The repetition penalty of a node sees the conversation plus the node's ancestor path, exactly
     # what `generate` would have as input_ids there.
@@ -372,6 +204,7 @@ class Sampler:
         probs = process_logits(logits_row, self.config, context_ids)
         return draw(probs, self.uniforms(context_ids)(len(context_ids)))
 
-    def accept(self, tree_tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffers,
-               context_ids: Sequence[int]) -> Acceptance:
+    def accept(
+        self, tree_tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffers, context_ids: Sequence[int]
+    ) -> Acceptance:
         return sample_accept(tree_tokens, logits, buffers, self.config, context_ids, self.uniforms(context_ids))

@@ -29,7 +29,7 @@ class StopCondition:
         eos_token_ids: Iterable[int] | int | None = None,
         stop_strings: Iterable[str] = (),
         decode: Callable[[list[int]], str] | None = None,
-    ) -> "StopCondition":
+    ) -> StopCondition:
         if eos_token_ids is None:
             eos = frozenset()
         elif isinstance(eos_token_ids, int):

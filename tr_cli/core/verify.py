@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import TreeBuffers
+from .tree_buffers import TreeBuffers
 
 
 @dataclass(frozen=True)
@@ -18,10 +18,6 @@ class Acceptance:
     bonus: int  # the model's next token after the accepted path
     correct: torch.Tensor | None = None  # (n+1,) bool on the device: node equals its parent's choice
 
-    @property
-    def emitted(self) -> list[int]:
-        return self.tokens + [self.bonus]
-
 
 @dataclass(frozen=True)
 class TopCandidates:
@@ -31,7 +27,7 @@ class TopCandidates:
     indices: torch.Tensor  # (n+1, k) long
 
     @classmethod
-    def of(cls, logits: torch.Tensor, k: int) -> "TopCandidates":
+    def of(cls, logits: torch.Tensor, k: int) -> TopCandidates:
         values, indices = torch.topk(logits, k, dim=-1, sorted=True)
         return cls(values, indices)
 
@@ -81,7 +77,9 @@ def greedy_accept(
     length = accepted_len[best]
     path = buffers.leaf_paths[best]
     last_node = torch.where(length > 0, path[(length - 1).clamp(min=0)], path.new_zeros(()))
-    packed = torch.cat([length.view(1), path, tree_tokens[path.clamp(max=buffers.size - 1)], predicted[last_node].view(1)])
+    packed = torch.cat(
+        [length.view(1), path, tree_tokens[path.clamp(max=buffers.size - 1)], predicted[last_node].view(1)]
+    )
     values = packed.tolist()
     depth = buffers.depth
     n = values[0]

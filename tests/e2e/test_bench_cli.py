@@ -1,0 +1,191 @@
+"""`tr bench` as a user runs it: one-line errors before the model loads, and real end-to-end runs
+on a tiny random model and on SmolLM2."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tr_cli.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def plain_output(home, monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+# --- bad input fails before the model loads --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["missing.jsonl"], "no such prompt file"),
+        (["--methods", "baseline,warp"], "unknown method warp"),
+        (["--categories", "poetry"], "poetry not in"),
+        (["--format", "xml"], "--format xml"),
+        (["--turns", "2"], "--turns 2"),
+        (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
+        (["--methods", "baseline,tr:bushy"], "unknown tree"),
+        (["--methods", "tr:paper+lookupX"], "lookup length must be a number"),
+        (["--temperature", "-1"], "--temperature must be 0 (greedy) or more"),
+        (["--top-p", "2"], "--top-p must be between 0 and 1"),
+        (["--top-k", "-2"], "--top-k must be 0 (off) or more"),
+    ],
+)
+def test_bad_input_is_one_line_error(args, words):
+    out = runner.invoke(app, ["bench", *args])
+    assert out.exit_code == 1 and words in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def test_empty_prompt_set_after_filters(tmp_path):
+    path = tmp_path / "empty.txt"
+    path.write_text("\n\n")
+    out = runner.invoke(app, ["bench", str(path)])
+    assert out.exit_code == 1 and "no prompts left" in out.output
+
+
+# --- end to end ------------------------------------------------------------------------------
+
+
+def test_bench_tiny_model_end_to_end(tiny_llama_dir, tmp_path):
+    report_path = tmp_path / "report.json"
+    out = runner.invoke(
+        app,
+        [
+            "bench",
+            "--model",
+            str(tiny_llama_dir),
+            "--dtype",
+            "float32",
+            "--limit",
+            "2",
+            "-n",
+            "12",
+            "--format",
+            "json",
+            "--output",
+            str(report_path),
+            "--warmup",
+            "0",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    report = json.loads(report_path.read_text())
+    assert set(report["methods"]) == {"baseline", "pld", "tr"}
+    assert report["methods"]["tr"]["identical_to_baseline"] == 2  # float32: lossless
+    assert report["methods"]["baseline"]["prompts"] == 2
+    env = report["environment"]
+    for key in (
+        "tr_version",
+        "torch",
+        "transformers",
+        "device_name",
+        "dtype",
+        "threads",
+        "model",
+        "tree",
+        "k",
+        "max_new_tokens",
+        "matrix",
+        "date",
+    ):
+        assert key in env
+    assert env["model"] == str(tiny_llama_dir) and env["dtype"] == "float32"
+
+
+def test_sampled_bench_tiny_model_end_to_end(tiny_llama_dir, tmp_path):
+    report_path = tmp_path / "report.json"
+    out = runner.invoke(
+        app,
+        [
+            "bench",
+            "--model",
+            str(tiny_llama_dir),
+            "--dtype",
+            "float32",
+            "--limit",
+            "2",
+            "-n",
+            "12",
+            "--format",
+            "json",
+            "--output",
+            str(report_path),
+            "--warmup",
+            "0",
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "5",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    report = json.loads(report_path.read_text())
+    env = report["environment"]
+    assert env["decoding"] == "sampling: temperature 0.8, top_p 0.9, top_k 50, seed 5" and env["seed"] == 5
+    for name in ("baseline", "pld", "tr"):
+        method = report["methods"][name]
+        assert method["identical_to_baseline"] is None
+        check = method["distribution_check"]
+        assert check["tokens"] + check["outside_support"] == method["new_tokens"] > 0
+        assert abs(check["z"]) < 4, (name, check)
+    assert all(p[m]["identical_to_baseline"] is None for p in report["prompts"] for m in ("baseline", "pld", "tr"))
+
+
+def test_table_report_is_not_squeezed_when_piped(tiny_llama_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("COLUMNS")  # a pipe: no terminal width to go by
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"category": "category_{i}", "prompt": "Say {i}."}}\n' for i in range(6)))
+    out = runner.invoke(
+        app,
+        [
+            "bench",
+            str(prompts),
+            "--model",
+            str(tiny_llama_dir),
+            "--dtype",
+            "float32",
+            "-n",
+            "4",
+            "--warmup",
+            "0",
+            "--methods",
+            "baseline,tr",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    header = next(line for line in out.stdout.splitlines() if "method" in line)
+    for name in [f"category_{i}" for i in range(6)] + ["MAT", "tok/s", "speedup", "identical"]:
+        assert name in header
+
+
+def test_bench_smollm2_two_prompts(smollm2_checkpoint):
+    out = runner.invoke(
+        app,
+        [
+            "bench",
+            "--dtype",
+            "float32",
+            "--limit",
+            "2",
+            "-n",
+            "16",
+            "--turns",
+            "1",
+            "--methods",
+            "baseline,tr",
+            "--format",
+            "md",
+            "--warmup",
+            "0",
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    table = [line for line in out.stdout.splitlines() if line.startswith("| tr ")]
+    assert table and table[0].rstrip().endswith("| 2/2 |"), out.stdout

@@ -1,0 +1,293 @@
+"""`tr chat` as a process: piped mode (stdout is exactly the model's greedy reply, status on stderr),
+--each-line conversations, one-line errors, and a real terminal (a pty): two turns, the live panel,
+Ctrl-C during generation (the process keeps going, the next prompt works), Ctrl-D exits 0, a double
+Ctrl-C exits 130, --no-color / NO_COLOR, a model without a chat template."""
+
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tr_cli.chat.session import ChatSession, Settings
+from tr_cli.core import TokenRecyclingDecoder
+from tr_cli.models import context_limit
+from tr_cli.store.paths import cache_dir
+from tr_cli.text.conversation import encode_prompt
+
+BIN = Path(sys.executable).parent
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[=>78]|\r")
+COLOR_SGR = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-79]|4[0-79]|9[0-7]|10[0-7]|38;|48;)[0-9;]*m")
+STATS = " tok/s · MAT "
+
+
+def chat_command() -> list[str]:
+    return [str(BIN / "tr"), "chat"]
+
+
+def environment(home: Path, **extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TR_NOHISTORY", "FORCE_COLOR")}
+    return {**env, "HF_HUB_OFFLINE": "1", "TR_HOME": str(home), "COLUMNS": "120", "PROMPT_TOOLKIT_NO_CPR": "1", **extra}
+
+
+def run_piped(args: list[str], stdin: str, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*chat_command(), *args], input=stdin, capture_output=True, text=True, env=environment(home), timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_llama_dir):
+    from tr_cli.models import load_model
+
+    return load_model(str(tiny_llama_dir), device="cpu", dtype="float32", cache=cache_dir())
+
+
+def test_piped_reply_is_the_greedy_output(smollm2_fp32, smollm2_checkpoint, tmp_path):
+    prompt = "What is the capital of France?"
+    out = run_piped([str(smollm2_checkpoint), "--dtype", "float32", "-n", "5"], prompt + "\n", tmp_path)
+    assert out.returncode == 0, out.stderr
+    ids = encode_prompt(smollm2_fp32.tokenizer, prompt)
+    with torch.inference_mode():
+        full = smollm2_fp32.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=5,
+            do_sample=False,
+            pad_token_id=2,
+        )
+    expected = smollm2_fp32.tokenizer.decode(full[0, len(ids) :], skip_special_tokens=True)
+    assert out.stdout == expected + "\n"
+    assert STATS in out.stderr and "rows saved to" in out.stderr
+    assert "\x1b" not in out.stdout + out.stderr
+
+
+def replies(session: ChatSession, messages: tuple[str, ...]) -> str:
+    """What piped `tr chat --each-line` prints for these messages, computed in-process."""
+    out = ""
+    for message in messages:
+        for _ in session.reply(message):
+            pass
+        out += session.last.text + "\n"
+    return out
+
+
+def test_each_line_is_one_conversation(tiny, tiny_llama_dir, tmp_path):
+    out = run_piped(
+        [str(tiny_llama_dir), "--dtype", "float32", "-n", "8", "--each-line"], "Hello there\n\nAnd then?\n", tmp_path
+    )
+    assert out.returncode == 0, out.stderr
+    session = ChatSession(
+        tiny.tokenizer,
+        TokenRecyclingDecoder(tiny.model),
+        tiny.eos_token_ids,
+        settings=Settings(max_new_tokens=8),
+        max_positions=context_limit(tiny.model),
+    )
+    expected = replies(session, ("Hello there", "And then?"))
+    assert out.stdout == expected
+    assert out.stderr.count(STATS) == 2
+
+
+def test_sampled_piped_chat_is_reproducible_from_its_seed(tiny, tiny_llama_dir, tmp_path):
+    """--temperature/--top-p/--seed: the replies are the ones a session with the same settings
+    samples in-process (another matrix, so other drafts: a seeded run does not depend on them)."""
+    args = [
+        str(tiny_llama_dir),
+        "--dtype",
+        "float32",
+        "-n",
+        "8",
+        "--each-line",
+        "--temperature",
+        "0.9",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "4",
+    ]
+    out = run_piped(args, "Hello there\nAnd then?\n", tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "sampling: temperature 0.9, top_p 0.95, top_k 50, seed 4" in out.stderr
+    session = ChatSession(
+        tiny.tokenizer,
+        TokenRecyclingDecoder(tiny.model),
+        tiny.eos_token_ids,
+        settings=Settings(max_new_tokens=8, temperature=0.9, top_p=0.95, seed=4),
+        max_positions=context_limit(tiny.model),
+    )
+    expected = replies(session, ("Hello there", "And then?"))
+    assert out.stdout == expected
+
+
+@pytest.mark.parametrize(
+    "args, stdin, message",
+    [
+        ([], "", "no message on stdin"),
+        (["--live", "fancy"], "hi", "--live fancy: use one of path, tree, off"),
+        (["--temperature", "-1"], "hi", "--temperature must be 0 (greedy) or more, got -1.0"),
+        (["--top-p", "2"], "hi", "--top-p must be between 0 and 1, got 2.0"),
+        (
+            ["--temperature", "0", "--top-k", "5"],
+            "hi",
+            "--top-k needs sampling, but --temperature 0 is greedy decoding",
+        ),
+    ],
+)
+def test_one_line_errors(args, stdin, message, tmp_path):
+    out = run_piped(args, stdin, tmp_path)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [f"tr: error: {out.stderr.strip().removeprefix('tr: error: ')}"]
+    assert message in out.stderr
+
+
+# -- a real terminal ---------------------------------------------------------------------------
+
+# Make the pty the controlling terminal of the new session, so Ctrl-C (\x03) becomes SIGINT.
+_CTTY = "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+class Terminal:
+    def __init__(self, args: list[str], env: dict, rows: int = 40, cols: int = 120) -> None:
+        import fcntl
+        import termios
+
+        master, slave = os.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CTTY, *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            env={**env, "TERM": "xterm-256color", "LINES": str(rows), "COLUMNS": str(cols)},
+            start_new_session=True,
+            close_fds=True,
+        )
+        os.close(slave)
+        self.fd = master
+        self.raw = b""
+        self.text = ""  # what was written, escape sequences removed (kept up to date by _read)
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._held = ""  # an escape sequence cut by the end of a read
+
+    def _read(self, timeout: float) -> None:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return
+        try:
+            data = os.read(self.fd, 1 << 20)
+        except OSError:  # EIO once the child is gone
+            time.sleep(timeout)
+            return
+        self.raw += data
+        pending = self._held + self._decoder.decode(data)
+        cut = pending.rfind("\x1b")
+        if cut != -1 and not ANSI.match(pending, cut) and len(pending) - cut < 32:
+            pending, self._held = pending[:cut], pending[cut:]
+        else:
+            self._held = ""
+        self.text += ANSI.sub("", pending)
+
+    def expect(self, condition, what: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition(self.text):
+            if time.monotonic() > deadline:
+                self.close()
+                raise AssertionError(f"timed out waiting for {what}; the terminal shows:\n{self.text[-3000:]}")
+            self._read(0.05)
+
+    def expect_text(self, needle: str, count: int = 1, timeout: float = 120) -> None:
+        self.expect(lambda text: text.count(needle) >= count, f"{needle!r} x{count}", timeout)
+
+    def ready(self) -> None:
+        """Wait until the prompt is drawn and idle (keys sent earlier could be lost to a Ctrl-C)."""
+        self.expect(lambda text: text.rstrip().endswith(">>>"), "the prompt")
+
+    def ask(self, keys: str, then: str, count: int = 1) -> None:
+        """At the prompt, type keys; wait for `then` to show (count times in all), then the prompt."""
+        self.ready()
+        self.send(keys)
+        self.expect_text(then, count)
+        self.ready()
+
+    def send(self, keys: str) -> None:
+        os.write(self.fd, keys.encode())
+
+    def wait(self, timeout: float = 60) -> int:
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self._read(0.05)
+        self._read(0.1)
+        code = self.proc.wait(timeout=5)
+        os.close(self.fd)
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+needs_pty = pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pty")
+
+
+@needs_pty
+def test_terminal_session_ctrl_c_during_generation_and_ctrl_d(tiny_llama_dir, tmp_path):
+    term = Terminal(
+        [*chat_command(), str(tiny_llama_dir), "--dtype", "float32", "-n", "8", "--no-color"], environment(tmp_path)
+    )
+    try:
+        term.ready()
+        term.send("Hello there\r")
+        term.expect_text("rejected:")  # the live panel, while generating
+        term.expect_text(STATS, 1)
+        term.ask("And then?\r", STATS, 2)
+        term.ask("/set max_new_tokens 1500\r", "max_new_tokens = 1500")
+        term.send("Tell me everything.\r")
+        term.expect(lambda text: "rejected:" in text.partition("Tell me everything.")[2], "the reply streaming")
+        term.send("\x03")
+        term.expect_text("interrupted")
+        term.ready()
+        assert term.proc.poll() is None  # Ctrl-C stopped the reply, not the program
+        term.ask("/set max_new_tokens 4\r", "max_new_tokens = 4")
+        term.ask("Thanks!\r", STATS, 4)
+        term.send("\x04")
+        assert term.wait() == 0
+    finally:
+        term.close()
+    assert "rows saved to" in term.text
+    assert not COLOR_SGR.search(term.raw.decode("utf-8", "replace"))  # --no-color
+    history = (tmp_path / "data" / "chat_history").read_text()
+    for line in ("Hello there", "And then?", "/set max_new_tokens 1500", "Thanks!"):
+        assert line in history
+
+
+@needs_pty
+def test_terminal_plain_completion_model_and_double_ctrl_c(tiny_llama_dir, tmp_path):
+    plain = tmp_path / "no-template"
+    shutil.copytree(tiny_llama_dir, plain)
+    (plain / "chat_template.jinja").unlink(missing_ok=True)
+    term = Terminal(
+        [*chat_command(), str(plain), "--dtype", "float32", "-n", "6", "--live", "off"],
+        environment(tmp_path / "home", NO_COLOR="1", TR_NOHISTORY="1"),
+    )
+    try:
+        term.expect_text("no chat template: plain-completion mode")
+        term.ask("Once upon a time\r", STATS)
+        term.send("\x03\x03")
+        assert term.wait() == 130
+    finally:
+        term.close()
+    assert "rows saved to" in term.text
+    assert not COLOR_SGR.search(term.raw.decode("utf-8", "replace"))  # NO_COLOR
+    assert not (tmp_path / "home" / "data" / "chat_history").exists()  # TR_NOHISTORY

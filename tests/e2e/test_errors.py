@@ -1,0 +1,84 @@
+"""Every family of tr's errors reaches the user as one line on stderr and exit status 1, never as
+a traceback: bad options (UserError), an unusable model argument (ModelError), a stored file tr
+cannot use (StoreError), an invalid tree (the core's InvalidTree), a model whose attention the
+decoder cannot mask (the core's UnsupportedAttention), a chat turn that cannot run (CommandError)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def tr(*args: str, home: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200", "TR_HOME": str(home)}
+    return subprocess.run([str(BIN / "tr"), *args], capture_output=True, text=True, env=env, input=stdin, timeout=600)
+
+
+def assert_one_line(out: subprocess.CompletedProcess, *words: str) -> None:
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("tr: error: "), out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert sum(line.startswith("tr: error:") for line in lines) == 1
+    for word in words:
+        assert word in lines[-1], lines[-1]
+
+
+@pytest.fixture(scope="module")
+def chunked_attention_dir(tmp_path_factory, tiny_llama_dir) -> Path:
+    """The tiny Llama with chunked attention switched on in its config (as Llama 4 has)."""
+    directory = tmp_path_factory.mktemp("chunked")
+    for source in tiny_llama_dir.iterdir():
+        (directory / source.name).write_bytes(source.read_bytes())
+    config = json.loads((directory / "config.json").read_text())
+    config["attention_chunk_size"] = 8
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_user_error(home):
+    out = tr("generate", "--tree", "bushy", home=home)
+    assert_one_line(out, "--tree bushy: unknown tree")
+    assert out.stderr.strip().count("\n") == 0  # nothing loaded, nothing else said
+
+
+def test_model_error(home, tmp_path):
+    out = tr("generate", str(tmp_path / "missing.gguf"), "-p", "hi", home=home)
+    assert_one_line(out, "model ", "no such file")
+
+
+def test_store_error(home, tiny_llama_dir, tmp_path):
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"not a matrix at all")
+    out = tr("generate", str(tiny_llama_dir), "--matrix", str(corrupt), "-p", "hi", "-n", "4", home=home)
+    assert_one_line(out, str(corrupt), "not a valid tr matrix file", "--cold")
+    assert corrupt.read_bytes() == b"not a matrix at all"  # refused, never replaced
+
+
+def test_invalid_tree_from_the_core(home, tmp_path):
+    spec = tmp_path / "tree.json"
+    spec.write_text(json.dumps({"paths": [[0], [0, 0, 0]]}))  # [0, 0] is missing
+    out = tr("generate", "--tree", str(spec), home=home)
+    assert_one_line(out, "--tree", "not a tree spec", "has no parent path")
+
+
+def test_unsupported_attention_from_the_core(home, chunked_attention_dir):
+    out = tr("generate", str(chunked_attention_dir), "--dtype", "float32", "-p", "hi", "-n", "4", home=home)
+    assert_one_line(out, "chunked_attention", "not supported")
+
+
+def test_chat_command_error_in_piped_mode(home, tmp_path, tiny_llama_dir):
+    rejecting = tmp_path / "rejecting"
+    rejecting.mkdir()
+    for source in tiny_llama_dir.iterdir():
+        (rejecting / source.name).write_bytes(source.read_bytes())
+    (rejecting / "chat_template.jinja").write_text("{{ raise_exception('this template takes no messages') }}")
+    out = tr("chat", str(rejecting), "--dtype", "float32", "-n", "4", home=home, stdin="Hello\n")
+    assert_one_line(out, "the chat template rejects this conversation", "takes no messages")

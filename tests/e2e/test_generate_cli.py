@@ -1,0 +1,167 @@
+"""The command line as a user meets it: version, one-line errors (exit 1, no traceback), and
+`tr generate` on the packaged model, a checkpoint directory and a cached Hugging Face id."""
+
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str, env: dict | None = None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200", **(env or {})}
+    return subprocess.run(
+        [str(BIN / "tr"), *args], capture_output=True, text=True, env=full_env, input=stdin, timeout=600
+    )
+
+
+@pytest.mark.parametrize(
+    "command", [[str(BIN / "tr")], [str(BIN / "token-recycling")], [sys.executable, "-m", "tr_cli"]]
+)
+def test_version(command):
+    from tr_cli import __version__
+
+    out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"tr {__version__}"
+
+
+def gguf_header(path: Path, architecture: str) -> Path:
+    key = b"general.architecture"
+    value = architecture.encode()
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+    data += struct.pack("<I", 8) + struct.pack("<Q", len(value)) + value
+    path.write_bytes(data)
+    return path
+
+
+def bad_inputs(tmp: Path) -> dict[str, tuple[str, str]]:
+    (tmp / "empty-dir").mkdir()
+    (tmp / "notes.txt").write_text("hello")
+    (tmp / "garbage.gguf").write_bytes(os.urandom(64))
+    (tmp / "truncated.gguf").write_bytes(b"GGUF\x03\x00")
+    gguf_header(tmp / "alien.gguf", "fooarch")
+    return {
+        "missing file": (str(tmp / "nope.gguf"), "no such file"),
+        "unknown hub id": ("someone/not-a-cached-model", "not found in the local Hugging Face cache"),
+        "directory without config": (str(tmp / "empty-dir"), "no config.json"),
+        "not a gguf file": (str(tmp / "notes.txt"), "not .gguf"),
+        "corrupt gguf": (str(tmp / "garbage.gguf"), "not a GGUF file"),
+        "truncated gguf": (str(tmp / "truncated.gguf"), "truncated"),
+        "unsupported gguf architecture": (str(tmp / "alien.gguf"), "architecture 'fooarch' is not supported"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing file",
+        "unknown hub id",
+        "directory without config",
+        "not a gguf file",
+        "corrupt gguf",
+        "truncated gguf",
+        "unsupported gguf architecture",
+    ],
+)
+def test_bad_model_argument_is_one_line_error(tmp_path, case):
+    arg, expected = bad_inputs(tmp_path)[case]
+    out = run("generate", arg, "-p", "hi")
+    assert out.returncode == 1
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("tr: error: model ")
+    assert arg in lines[0] and expected in lines[0]
+    assert "Traceback" not in out.stderr + out.stdout
+
+
+def test_bad_options_are_one_line_errors(tmp_path):
+    bad_tree = tmp_path / "tree.json"
+    bad_tree.write_text("{not json")
+    for args, expected in [
+        (["--tree", "bushy"], "unknown tree"),
+        (["--tree", str(bad_tree)], "not a tree spec"),
+        (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
+        (["--dtype", "float8"], "unknown dtype"),
+        (["--device", "tpu"], "unknown device"),
+        (["--temperature", "-1"], "--temperature must be 0 (greedy) or more, got -1.0"),
+        (["--top-p", "2"], "--top-p must be between 0 and 1, got 2.0"),
+    ]:
+        out = run("generate", "-p", "hi", *args)
+        assert out.returncode == 1, args
+        assert expected in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_generate_packaged_model_is_identical_to_generate(smollm2_checkpoint):
+    out = run("generate", "--dtype", "float32", "-n", "24", "--compare", "-p", "What is the capital of France?")
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+    assert "output identical" in out.stderr
+    assert "MAT" in out.stderr and "tok/s" in out.stderr
+
+
+def test_generate_from_checkpoint_directory(tiny_llama_dir):
+    out = run("generate", str(tiny_llama_dir), "--dtype", "float32", "-n", "12", "--compare", "-p", "Hello")
+    assert out.returncode == 0, out.stderr
+    assert "12 tokens" in out.stderr and "output identical" in out.stderr
+
+
+def test_sampled_generate_is_reproducible_from_its_seed(tiny_llama_dir):
+    """Same seed, same tokens, although the first run saved a hotter matrix for the second;
+    --compare samples transformers' side too and compares no tokens."""
+    args = (
+        "generate",
+        str(tiny_llama_dir),
+        "--dtype",
+        "float32",
+        "-n",
+        "12",
+        "-p",
+        "Hello",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+    )
+    first = run(*args)
+    second = run(*args, "--compare")
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert first.stdout == second.stdout and first.stdout.strip()
+    assert "sampling: temperature 0.8, top_p 1, top_k 50, seed 3" in first.stderr
+    assert "transformers sampling:" in second.stderr and "outputs differ by chance" in second.stderr
+
+
+def test_generate_from_cached_hub_id(tmp_path, tiny_llama_dir):
+    hub = tmp_path / "hub"
+    snapshot = hub / "models--tiny-org--tiny-llama" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_llama_dir, snapshot)
+    (hub / "models--tiny-org--tiny-llama" / "refs").mkdir()
+    (hub / "models--tiny-org--tiny-llama" / "refs" / "main").write_text("0123abcd")
+    out = run(
+        "generate", "tiny-org/tiny-llama", "--dtype", "float32", "-n", "6", "-p", "Hi", env={"HF_HUB_CACHE": str(hub)}
+    )
+    assert out.returncode == 0, out.stderr
+    assert "6 tokens" in out.stderr
+
+
+def test_prompt_from_stdin(smollm2_checkpoint):
+    out = run("generate", "--dtype", "float32", "-n", "8", "-p", "-", stdin="Say hello.")
+    assert out.returncode == 0, out.stderr
+    assert "Say hello." in out.stderr and out.stdout.strip()
+
+
+def test_error_text_is_not_read_as_markup():
+    from typer.testing import CliRunner
+
+    from tr_cli.cli import app
+
+    out = CliRunner().invoke(
+        app, ["generate", "/nope/[bold]x[/bold].gguf", "-p", "hi"], env={"NO_COLOR": "1", "COLUMNS": "200"}
+    )
+    assert out.exit_code == 1
+    assert "model /nope/[bold]x[/bold].gguf: no such file" in out.output

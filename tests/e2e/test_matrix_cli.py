@@ -1,0 +1,124 @@
+"""`tr matrix init | inspect | export | import | list` as a user runs them (CliRunner, real files)."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tr_cli.cli import app
+from tr_cli.store.matrix_file import MatrixFile, read_matrix, write_matrix
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def plain_output(monkeypatch):
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+
+
+def tr(*args: str):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def stored(home):
+    files = sorted((home / "data" / "matrices").glob("*.safetensors"))
+    assert len(files) == 1
+    return files[0]
+
+
+def test_init_inspect_list(home, tiny_llama_dir):
+    model = str(tiny_llama_dir)
+    out = tr("matrix", "init", model, "--dtype", "float32")
+    assert out.exit_code == 0, out.output
+    path = stored(home)
+    data = read_matrix(path)
+    assert data.meta.model_id == model and data.rows_filled > 100
+    assert (data.stamps > 0).sum() == data.rows_filled
+
+    again = tr("matrix", "init", model)
+    assert again.exit_code == 1 and "already exists" in again.output and "--force" in again.output
+
+    report = json.loads(tr("matrix", "inspect", model, "--json", "--token", "Hello").stdout)
+    assert report["path"] == str(path.resolve())
+    assert report["shape"] == [49152, 8] and report["rows_filled"] == data.rows_filled
+    assert report["model"] == model and report["update_count"] == data.rows_filled
+    (entry,) = report["tokens"]
+    assert entry["token"] == "Hello" and len(entry["candidates"]) == 8
+    assert [c["id"] for c in entry["candidates"]] == data.matrix[entry["token_id"]].tolist()
+
+    human = tr("matrix", "inspect", model)
+    assert human.exit_code == 0 and "rows filled" in human.stdout and path.name in human.stdout.replace("\n", "")
+    listing = tr("matrix", "list")
+    assert listing.exit_code == 0 and model in listing.stdout.replace("\n", "")
+
+
+def test_init_from_files_and_bad_corpus(home, tiny_llama_dir, tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("The cat sat on the mat.\n\nThe dog sat on the log.")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["Say hi."]}\n{"prompt": "Count to three."}\n')
+    out = tr("matrix", "init", str(tiny_llama_dir), "--from", str(text), "--from", str(prompts))
+    assert out.exit_code == 0, out.output
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"turns": ["ok"]}\n{oops\n')
+    out = tr("matrix", "init", str(tiny_llama_dir), "--from", str(bad), "--force")
+    assert out.exit_code == 1 and f"{bad}:2" in out.output
+
+
+def test_export_import_round_trip_and_refusals(home, tiny_llama_dir, tmp_path):
+    model = str(tiny_llama_dir)
+    assert tr("matrix", "init", model).exit_code == 0
+    path = stored(home)
+    original = read_matrix(path)
+
+    exported = tmp_path / "moved.safetensors"
+    assert tr("matrix", "export", model, str(exported)).exit_code == 0
+    assert exported.read_bytes() == path.read_bytes()
+    assert tr("matrix", "export", model, str(exported)).exit_code == 1  # exists, no --force
+
+    # Corrupt, truncated and foreign inputs are refused and leave the store untouched.
+    before = path.read_bytes()
+    (tmp_path / "junk.safetensors").write_bytes(b"\x00" * 100)
+    (tmp_path / "half.safetensors").write_bytes(exported.read_bytes()[:1000])
+    for bad in ("junk", "half"):
+        out = tr("matrix", "import", model, str(tmp_path / f"{bad}.safetensors"))
+        assert out.exit_code == 1 and "not a valid tr matrix file" in out.output
+    foreign = MatrixFile.empty(49152, 8, "0000000000000000", "other-model")
+    foreign.matrix[7] = 5
+    foreign.stamps[7] = 2**62
+    write_matrix(tmp_path / "foreign.safetensors", foreign)
+    out = tr("matrix", "import", model, str(tmp_path / "foreign.safetensors"))
+    assert out.exit_code == 1 and "another tokenizer" in out.output and "--force" in out.output
+    small = MatrixFile.empty(1000, 8, original.meta.fingerprint, "small")
+    write_matrix(tmp_path / "small.safetensors", small)
+    out = tr("matrix", "import", model, str(tmp_path / "small.safetensors"), "--force")
+    assert out.exit_code == 1 and "1,000×8" in out.output
+    assert path.read_bytes() == before
+
+    # --force merges a foreign-fingerprint matrix of the same shape; its newer row wins.
+    out = tr("matrix", "import", model, str(tmp_path / "foreign.safetensors"), "--force")
+    assert out.exit_code == 0, out.output
+    merged = read_matrix(path)
+    assert merged.matrix[7].tolist() == [5] * 8
+    unchanged = torch.ones(49152, dtype=torch.bool)
+    unchanged[7] = False
+    assert torch.equal(merged.matrix[unchanged], original.matrix[unchanged])
+
+    # --replace puts the exported copy back bit for bit.
+    out = tr("matrix", "import", model, str(exported), "--replace")
+    assert out.exit_code == 0, out.output
+    replaced = read_matrix(path)
+    assert torch.equal(replaced.matrix, original.matrix) and torch.equal(replaced.stamps, original.stamps)
+
+
+def test_inspect_file_and_missing_matrix(home, tiny_llama_dir, tmp_path):
+    out = tr("matrix", "inspect", str(tiny_llama_dir))
+    assert out.exit_code == 1 and "no stored matrix" in out.output and "tr matrix init" in out.output
+    f = tmp_path / "m.safetensors"
+    write_matrix(f, MatrixFile.empty(49152, 8, "x", "y"))
+    report = json.loads(tr("matrix", "inspect", str(f), "--json").stdout)
+    assert report["rows_filled"] == 0 and report["model"] == "y"
+    out = tr("matrix", "inspect", str(f), "--token", "hi")
+    assert out.exit_code == 1 and "--model" in out.output

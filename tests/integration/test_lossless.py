@@ -1,0 +1,121 @@
+"""Token Recycling output equals transformers' greedy `generate`, token for token, in float32.
+
+Covered per architecture: prompts shorter and longer than the sliding window, budgets of 1 to 60
+tokens, EOS hit mid-generation, a warm matrix carried across prompts and an empty one, and a
+second turn continuing from the KV cache of the first.
+"""
+
+import pytest
+
+from tr_cli.core import StopCondition, TokenRecyclingDecoder
+
+from tiny_models import ARCHITECTURES, EOS, random_prompt, reference, tiny_model
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def model(request):
+    return tiny_model(request.param)
+
+
+CASES = [(5, 1), (9, 7), (20, 40), (33, 60)]  # (prompt length, max_new_tokens); window is 12
+
+
+def test_warm_matrix_matches_generate(model):
+    decoder = TokenRecyclingDecoder(model)  # one decoder: the matrix carries over prompts
+    accepted = 0
+    for seed, (length, budget) in enumerate(CASES):
+        ids = random_prompt(length, seed)
+        decoder.reset()
+        result = decoder.generate(ids, StopCondition.build(budget, [EOS]))
+        assert result.tokens == reference(model, ids, budget)
+        assert len(result.tokens) <= budget
+        accepted += result.stats.step_tokens - result.stats.steps
+    assert accepted > 0, "drafts were never accepted: the tree path was not exercised"
+
+
+def test_empty_matrix_matches_generate(model):
+    for seed, (length, budget) in enumerate(CASES):
+        ids = random_prompt(length, 100 + seed)
+        decoder = TokenRecyclingDecoder(model, seed_from_prompt=False)
+        assert not decoder.matrix.any()
+        assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
+
+
+def test_stops_at_eos_like_generate(model):
+    ids = random_prompt(25, 7)
+    free = reference(model, ids, 40)
+    # An EOS whose first occurrence is as late as possible, so generation stops inside a step.
+    position = max(i for i in range(len(free)) if free[i] not in free[:i])
+    assert position >= 3
+    eos = free[position]
+    decoder = TokenRecyclingDecoder(model)
+    result = decoder.generate(ids, StopCondition.build(40, [eos]))
+    assert result.tokens == reference(model, ids, 40, eos=eos) == free[: position + 1]
+    assert result.stats.finish_reason == "eos"
+
+
+def test_second_turn_continues_from_cache(model):
+    first, second = random_prompt(15, 11), random_prompt(6, 12)
+    decoder = TokenRecyclingDecoder(model)
+    reply = decoder.generate(first, StopCondition.build(30, [EOS])).tokens
+    cached = decoder.cached_length
+    assert cached == len(first) + len(reply) - 1  # the last reply token is pending, not yet cached
+    continued = decoder.generate(second, StopCondition.build(25, [EOS])).tokens
+    assert continued == reference(model, first + reply + second, 25)
+    assert decoder.tokens == first + reply + second + continued
+
+
+def designed_run(model, prompts_seed: int = 200):
+    """Decode repetitive prompts with a designed tree (redesigned every 3 steps) and a lookup chain;
+    return (tokens, reference) pairs and the events."""
+    from tr_cli.core.design.cost_model import CostModel
+
+    cost = CostModel((1, 8, 32, 64), (0.010, 0.011, 0.014, 0.030))
+    decoder = TokenRecyclingDecoder(model, cost=cost, lookup_length=6)
+    decoder.matrix_tree.auto.every = 3
+    pairs, events = [], []
+    for seed, (length, budget) in enumerate(CASES):
+        part = random_prompt(max(length // 3, 3), prompts_seed + seed)
+        ids = (part * 6)[: length + 6]
+        decoder.reset()
+        result = decoder.generate(ids, StopCondition.build(budget, [EOS]), keep_events=True)
+        pairs.append((result.tokens, reference(model, ids, budget)))
+        events.extend(result.events[1:])
+    return pairs, events
+
+
+def test_designed_tree_with_lookup_chain_matches_generate(model):
+    """--tree auto: a tree designed from a cost model, redesigned mid-generation, plus the prompt
+    lookup chain (prompts repeat themselves, so there are proposals)."""
+    pairs, events = designed_run(model)
+    for got, want in pairs:
+        assert got == want
+    assert any(e.tree.external_size for e in events), "no step carried a lookup chain"
+    matrix_trees = {(e.tree.parents[: e.tree.matrix_size + 1], e.tree.slots[: e.tree.matrix_size + 1]) for e in events}
+    assert len(matrix_trees) >= 2, "the tree was never redesigned"
+
+
+def test_lookup_chain_tokens_get_accepted():
+    """On a model that repeats itself the chain's drafts are accepted (and output stays exact)."""
+    from tr_cli.core.tree import EXTERNAL
+
+    pairs, events = designed_run(tiny_model("llama"))
+    assert all(got == want for got, want in pairs)
+    assert sum(e.tree.slots[n] == EXTERNAL for e in events for n in e.accepted_nodes) > 0
+
+
+@pytest.mark.parametrize("lookup", [0, 5])
+def test_no_draft_tree_is_plain_decoding(lookup):
+    """--tree none: one token per forward (the `ar` reference); with a lookup chain it becomes
+    prompt lookup decoding on the same forward path. Both stay exact."""
+    from tr_cli.core import PRESETS
+
+    model = tiny_model("qwen2")
+    decoder = TokenRecyclingDecoder(model, tree=PRESETS["none"], lookup_length=lookup)
+    for seed, (length, budget) in enumerate(CASES):
+        ids = (random_prompt(4, 300 + seed) * 8)[: length + 4]
+        decoder.reset()
+        result = decoder.generate(ids, StopCondition.build(budget, [EOS]))
+        assert result.tokens == reference(model, ids, budget)
+        if lookup == 0:
+            assert result.stats.steps == len(result.tokens) - 1

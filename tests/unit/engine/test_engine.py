@@ -1,0 +1,105 @@
+"""Device fitting state on disk: t(N) calibrations cached per device and model, acceptance
+statistics kept beside their matrix, and the decoder built for a --tree choice."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tr_cli.core import PRESETS, TokenRecyclingDecoder
+from tr_cli.core.design.acceptance_stats import AcceptanceStats
+from tr_cli.core.design.cost_model import CALIBRATION_SIZES
+from tr_cli.core.drafters.lookup_chain import DEFAULT_LOOKUP_LENGTH
+from tr_cli.engine.calibration import load_or_calibrate
+from tr_cli.engine.choices import EngineOptions, TreeChoice
+from tr_cli.engine.engine import Engine
+from tr_cli.store.acceptance_file import acceptance_path, load_acceptance, save_acceptance
+
+from tiny_models import tiny_model
+
+
+def test_tree_choice_defaults():
+    auto = TreeChoice.of(None, None)
+    assert (auto.spec, auto.lookup_length, auto.name) == (
+        None,
+        DEFAULT_LOOKUP_LENGTH,
+        f"auto+lookup{DEFAULT_LOOKUP_LENGTH}",
+    )
+    paper = TreeChoice.of(PRESETS["paper"], None)
+    assert (paper.lookup_length, paper.name) == (0, "paper")
+    assert TreeChoice.of(PRESETS["paper"], 4).name == "paper+lookup4"
+    assert TreeChoice.of(None, 0).name == "auto"
+    with pytest.raises(ValueError):
+        TreeChoice.of(None, -1)
+
+
+def test_stats_live_beside_the_matrix(tmp_path):
+    matrix_path = tmp_path / "m.safetensors"
+    assert acceptance_path(matrix_path) == tmp_path / "m.accept.json"
+    fresh = load_acceptance(matrix_path, 8, "cpu")
+    assert fresh.observed_steps == 0
+    stats = AcceptanceStats(8)
+    stats.load_dict({"k": 8, "hits": [[5] * 8], "trials": [[9] * 8]})
+    save_acceptance(matrix_path, stats)
+    again = load_acceptance(matrix_path, 8, "cpu")
+    assert again.to_dict() == stats.to_dict()
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_unreadable_stats_start_from_the_prior_and_are_kept_aside(tmp_path):
+    matrix_path = tmp_path / "m.safetensors"
+    acceptance_path(matrix_path).write_text("{not json")
+    stats = load_acceptance(matrix_path, 8, "cpu")
+    assert stats.observed_steps == 0
+    save_acceptance(matrix_path, stats)
+    kept = list(tmp_path.glob("m.accept.json.corrupt-*"))
+    assert len(kept) == 1 and kept[0].read_text() == "{not json"
+    assert json.loads(acceptance_path(matrix_path).read_text())["k"] == 8
+    # Statistics for another k are not adopted.
+    acceptance_path(matrix_path).write_text(json.dumps({"k": 4, "hits": [[1] * 4], "trials": [[2] * 4]}))
+    assert load_acceptance(matrix_path, 8, "cpu").observed_steps == 0
+
+
+def test_calibration_is_measured_once_then_read_back(home):
+    model = tiny_model("llama")
+    decoder = TokenRecyclingDecoder(model)
+    messages: list[str] = []
+    cost = load_or_calibrate(decoder, "tiny-llama", status=messages.append)
+    assert cost.sizes == CALIBRATION_SIZES
+    assert list(cost.seconds) == sorted(cost.seconds) and cost.seconds[0] > 0
+    assert len(messages) == 1
+    files = list((home / "data" / "calibration").glob("*.json"))
+    assert len(files) == 1
+    record = json.loads(files[0].read_text())
+    assert record["model"] == "tiny-llama" and record["dtype"] == "torch.float32"
+    again = load_or_calibrate(TokenRecyclingDecoder(model), "tiny-llama", status=messages.append)
+    assert again == cost and len(messages) == 1  # read back, not measured
+    # Another dtype (or model) is another calibration.
+    bf16 = TokenRecyclingDecoder(tiny_model("llama", dtype=torch.bfloat16))
+    load_or_calibrate(bf16, "tiny-llama", status=messages.append)
+    assert len(messages) == 2
+    assert len(list((home / "data" / "calibration").glob("*.json"))) == 2
+
+
+def test_calibration_leaves_the_conversation_cache_alone(home):
+    from tr_cli.core import StopCondition
+
+    model = tiny_model("qwen2")
+    decoder = TokenRecyclingDecoder(model)
+    decoder.generate([5, 6, 7, 8, 9], StopCondition.build(6, [3]))
+    length, tokens = decoder.cached_length, list(decoder.tokens)
+    decoder.measure_cost(sizes=(1, 4), repeats=1)
+    assert decoder.cached_length == length and decoder.tokens == tokens
+
+
+def test_engine_designs_a_tree_for_auto(home, tiny_llama_dir):
+    options = EngineOptions(model=str(tiny_llama_dir), device="cpu", dtype="float32", tree=TreeChoice.of(None, None))
+    engine = Engine.open(options)
+    auto = engine.decoder
+    assert auto.designed and auto.tree.name.startswith("auto")
+    assert auto.describe().endswith(f"+ lookup chain {DEFAULT_LOOKUP_LENGTH}")
+    fixed = engine.make_decoder(TreeChoice.of(PRESETS["paper"], None), fork=True)
+    assert not fixed.designed and fixed.tree == PRESETS["paper"] and len(fixed.drafters) == 1
+    assert fixed.matrix is not auto.matrix and torch.equal(fixed.matrix, auto.matrix)  # a copy, never saved

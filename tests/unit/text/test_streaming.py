@@ -1,0 +1,180 @@
+"""IncrementalDecoder: streamed deltas add up to the full decode, never show a half character, and
+stay right after the 64-token decode window slides. Uses a fake byte-level tokenizer."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tr_cli.text.streaming import IncrementalDecoder
+
+SAMPLE = (
+    "Token Recycling reuses candidates: café, naïve, Ærøskøbing; € and ¥ prices; 中文字符和日本語のテキスト; "
+    "emoji 😀🚀👍🏽 and math ∑∫√. Ünïcödé everywhere — «quotes» and “curly” ones. "
+)
+
+
+class ByteTokenizer:
+    """Each id stands for a byte string; decode joins the bytes of non-special ids and decodes UTF-8
+    with errors='replace', so a character split across ids reads '\\ufffd' until it is complete."""
+
+    SPECIAL = {0: b"<s>", 1: b"</s>"}
+
+    def __init__(self, strip_leading_space: bool = False) -> None:
+        self.pieces: list[bytes] = [self.SPECIAL[0], self.SPECIAL[1]]
+        self.index: dict[bytes, int] = {}
+        self.strip_leading_space = strip_leading_space  # SentencePiece-like: drop the first space
+        self.calls = 0
+
+    def encode(self, text: str, rng: random.Random, max_piece: int = 3) -> list[int]:
+        """Split the UTF-8 bytes into pieces of 1..max_piece bytes, ignoring character boundaries."""
+        data = text.encode("utf-8")
+        ids, i = [], 0
+        while i < len(data):
+            n = rng.randint(1, max_piece)
+            piece = data[i : i + n]
+            if piece not in self.index:
+                self.index[piece] = len(self.pieces)
+                self.pieces.append(piece)
+            ids.append(self.index[piece])
+            i += n
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        self.calls += 1
+        data = b"".join(self.pieces[i] for i in ids if not (skip_special_tokens and i in self.SPECIAL))
+        text = data.decode("utf-8", errors="replace")
+        if self.strip_leading_space and text.startswith(" "):
+            text = text[1:]
+        return text
+
+
+def stream(decoder: IncrementalDecoder, ids: list[int], sizes) -> list[str]:
+    deltas, i = [], 0
+    for n in sizes:
+        if i >= len(ids):
+            break
+        deltas.append(decoder.push(ids[i : i + n]))
+        i += n
+    assert i >= len(ids)
+    return deltas
+
+
+def check(tok: ByteTokenizer, ids: list[int], sizes) -> None:
+    dec = IncrementalDecoder(tok)
+    deltas = stream(dec, ids, sizes)
+    full = tok.decode(ids, skip_special_tokens=True)
+    assert "\ufffd" not in full  # the sample is valid UTF-8 once complete
+    for d in deltas:
+        assert "\ufffd" not in d
+    assert "".join(deltas) == full
+    assert dec.text() == full
+    assert dec.tokens == ids
+
+
+def test_fake_tokenizer_splits_characters():
+    """Sanity check of the fake: multi-byte characters really are split across ids."""
+    tok = ByteTokenizer()
+    ids = tok.encode("é中😀" * 5, random.Random(0))
+    partial = [tok.decode(ids[:k], skip_special_tokens=True) for k in range(1, len(ids))]
+    assert any(p.endswith("\ufffd") for p in partial)
+    assert tok.decode(ids, skip_special_tokens=True) == "é中😀" * 5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_one_token_at_a_time(seed):
+    """> 100 tokens pushed singly: the window slides several times; deltas add up exactly."""
+    rng = random.Random(seed)
+    tok = ByteTokenizer()
+    ids = tok.encode(SAMPLE * 3, rng)
+    assert len(ids) > 300
+    check(tok, ids, [1] * len(ids))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_chunks(seed):
+    """Chunks of 1..20 tokens, as accepted paths of different lengths arrive."""
+    rng = random.Random(100 + seed)
+    tok = ByteTokenizer()
+    ids = tok.encode(SAMPLE * 3, rng)
+    check(tok, ids, [rng.randint(1, 20) for _ in range(len(ids))])
+
+
+@pytest.mark.parametrize("chunk", [7, 63, 64, 65, 100, 1000])
+def test_fixed_chunks_around_window(chunk):
+    """Chunks just below, at and beyond the 64-token window, and all at once."""
+    tok = ByteTokenizer()
+    ids = tok.encode(SAMPLE * 2, random.Random(chunk))
+    check(tok, ids, [chunk] * len(ids))
+
+
+def test_pure_ascii_delta_per_token():
+    """With one ASCII byte per id, every push returns exactly the new character."""
+    tok = ByteTokenizer()
+    text = "abcdefghij" * 20
+    ids = tok.encode(text, random.Random(0), max_piece=1)
+    dec = IncrementalDecoder(tok)
+    for i, c in zip(ids, text, strict=True):
+        assert dec.push([i]) == c
+
+
+def test_incomplete_character_held_back():
+    """A push ending mid-character returns nothing; the next push returns the whole character."""
+    tok = ByteTokenizer()
+    euro = "€".encode()  # 3 bytes
+    for piece in (b"a", euro[:1], euro[1:2], euro[2:]):
+        tok.index[piece] = len(tok.pieces)
+        tok.pieces.append(piece)
+    a, e1, e2, e3 = (tok.index[p] for p in (b"a", euro[:1], euro[1:2], euro[2:]))
+    dec = IncrementalDecoder(tok)
+    assert dec.push([a]) == "a"
+    assert dec.push([e1]) == ""
+    assert dec.push([e2]) == ""
+    assert dec.push([e3]) == "€"
+    assert dec.push([a, e1]) == ""  # the 'a' waits for the character after it
+    assert dec.push([e2, e3, a]) == "a€a"
+
+
+def test_special_tokens_skipped():
+    """Special ids (skip_special_tokens=True) add no text, also when interleaved."""
+    rng = random.Random(3)
+    tok = ByteTokenizer()
+    ids = tok.encode(SAMPLE * 2, rng)
+    mixed = []
+    for i, t in enumerate(ids):
+        mixed.append(t)
+        if i % 9 == 0:
+            mixed.append(rng.choice([0, 1]))
+    check(tok, mixed, [1] * len(mixed))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_leading_space_stripping_tokenizer(seed):
+    """A SentencePiece-like decode that drops the text's first space: the window slide must not
+    lose the space in front of the window's first token."""
+    rng = random.Random(seed)
+    tok = ByteTokenizer(strip_leading_space=True)
+    words = [rng.choice(["alpha", "béta", "gamma", "δέλτα", "中文", "x"]) for _ in range(120)]
+    ids = []
+    for w in words:
+        ids += tok.encode(" " + w, rng)
+    check(tok, ids, [1] * len(ids))
+    check(tok, ids, [rng.randint(1, 12) for _ in range(len(ids))])
+
+
+def test_decode_window_stays_bounded():
+    """Each push decodes a bounded window, not the whole history (the point of the window)."""
+
+    class Counting(ByteTokenizer):
+        def decode(self, ids, skip_special_tokens=False):
+            self.longest = max(getattr(self, "longest", 0), len(ids))
+            return super().decode(ids, skip_special_tokens)
+
+    tok = Counting()
+    ids = tok.encode(SAMPLE * 4, random.Random(1), max_piece=1)
+    assert len(ids) > 400
+    dec = IncrementalDecoder(tok)
+    for t in ids:
+        dec.push([t])
+    assert tok.longest <= 80

@@ -1,0 +1,31 @@
+"""The command line's error boundary: every command runs inside it.
+
+A TrError (bad input, an unusable file, a model tr cannot decode; tr_cli/errors.py) becomes one
+line on stderr and exit status 1; Ctrl-C becomes "interrupted" and exit status 130. Commands
+raise errors and never print them themselves.
+"""
+
+from __future__ import annotations
+
+import typer
+from typer.core import TyperGroup
+
+from ..errors import TrError
+from .console import error, stderr
+
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+class ErrorBoundary(TyperGroup):
+    """The app's command group: runs the chosen command, translating what it raises."""
+
+    def invoke(self, ctx: typer.Context):
+        try:
+            return super().invoke(ctx)
+        except TrError as exc:
+            error(str(exc))
+            raise typer.Exit(EXIT_ERROR) from None
+        except KeyboardInterrupt:
+            stderr.print("interrupted")
+            raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -1,0 +1,79 @@
+"""What one verification step costs as a function of its size, measured on this device.
+
+t(N) is the time of a forward over N new tokens (plus the top-k that verification needs) on a
+short KV cache. It is nearly flat while the model is bound by reading its weights and grows once
+compute dominates; where it bends depends on the device, the model and the dtype, which is why
+the tree is sized from a measurement instead of a fixed spec.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+CALIBRATION_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Measured step times (seconds) at increasing sizes; linear between and beyond them."""
+
+    sizes: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) < 2 or len(self.sizes) != len(self.seconds):
+            raise ValueError("cost model: needs at least two (size, seconds) points")
+        if list(self.sizes) != sorted(set(self.sizes)) or self.sizes[0] < 1:
+            raise ValueError("cost model: sizes must be distinct, increasing and positive")
+        if any(not s > 0 for s in self.seconds):
+            raise ValueError("cost model: times must be positive")
+
+    def time(self, n: int) -> float:
+        """Estimated seconds for a step over n tokens (root + draft nodes)."""
+        xs, ys = self.sizes, self.seconds
+        if n <= xs[0]:
+            return ys[0]
+        for i in range(1, len(xs)):
+            if n <= xs[i]:
+                break
+        # Past the last point, extend the last segment (never cheaper than the last point).
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), ys[0])
+
+    def to_dict(self) -> dict:
+        return {"sizes": list(self.sizes), "seconds": list(self.seconds)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> CostModel:
+        try:
+            return cls(tuple(int(x) for x in data["sizes"]), tuple(float(x) for x in data["seconds"]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"cost model: expected {{'sizes': [...], 'seconds': [...]}} ({exc})") from exc
+
+
+def calibrate(
+    run_step: Callable[[int], None],
+    sizes: tuple[int, ...] = CALIBRATION_SIZES,
+    repeats: int = 3,
+    warmup: int = 2,
+) -> CostModel:
+    """Time `run_step(n)` (one forward over n tokens, synchronized) for each size; the fastest of
+    the repeats, since background load only ever adds time (one contended run once made t(96) 30x
+    t(80) here). Sizes are measured round-robin, then made non-decreasing (noise, not physics).
+    """
+    for _ in range(warmup):
+        run_step(sizes[-1])
+        run_step(sizes[0])
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n in sizes:
+            start = time.perf_counter()
+            run_step(n)
+            samples[n].append(time.perf_counter() - start)
+    seconds = []
+    for n in sizes:
+        t = min(samples[n])
+        seconds.append(max(t, seconds[-1]) if seconds else t)
+    return CostModel(tuple(sizes), tuple(seconds))

@@ -1,0 +1,90 @@
+"""The drafting interface: what a source of draft tokens does each step.
+
+Before a step the decoder asks every drafter for a Draft: a small tree under the root (the last
+emitted token, not yet in the KV cache) and the tokens of its nodes. The drafts are laid side by
+side under one root (drafters/merge.py) and verified in one forward pass. Afterwards every
+drafter learns from the Verification: the tokens of all nodes, the model's top-k candidates after
+each of them, and which nodes were right. Conversation tokens (prompt and emitted) reach every
+drafter through `extend`; `reset` starts a new conversation.
+
+A new source implements this class and is handed to the decoder; the loop does not change.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..tree import TreeSpec
+from ..tree_buffers import TreeBuffers
+
+
+@dataclass(frozen=True)
+class Draft:
+    """One drafter's proposal for one step."""
+
+    spec: TreeSpec  # its shape: node 0 is the shared root, nodes 1..n its drafts (n >= 1)
+    tokens: torch.Tensor  # (n+1,) long on the decoder's device: the root's token, then nodes 1..n
+    buffers: TreeBuffers | None = None  # the drafter's own buffers of `spec`, if it has them (reused)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """What one forward pass said about the verified tree (or the prompt, at the prefill)."""
+
+    tokens: torch.Tensor  # (N+1,) long: the tree's tokens, root first (the prefill: the prompt chunk)
+    candidates: torch.Tensor  # (N+1, k) long: the model's top-k after each node, best first
+    correct: torch.Tensor | None  # (N+1,) bool: node's token is what the model chose after its parent
+    tree: TreeBuffers | None  # the merged tree's buffers; None at the prefill
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a drafter's nodes sit in the merged tree: its node i > 0 is merged node start + i - 1."""
+
+    start: int
+    end: int  # one past its last node
+
+    def select(self, values: torch.Tensor) -> torch.Tensor:
+        """The entries of the root and of this drafter's nodes, in the drafter's own node order."""
+        if self.start == 1:
+            return values[: self.end]
+        return torch.cat([values[:1], values[self.start : self.end]])
+
+
+class Drafter(ABC):
+    """A source of draft tokens."""
+
+    # Whether `learn` wants the prompt's top-k candidates at the prefill (they cost a top-k over
+    # every prompt position, so the decoder computes them only when some drafter asks).
+    learns_from_prefill: bool = False
+
+    @abstractmethod
+    def propose(self, root: int) -> Draft | None:
+        """The draft for the next step, whose root token is `root`; None to draft nothing."""
+
+    def learn(self, verification: Verification, placement: Placement | None) -> None:  # noqa: B027 - a hook
+        """After a forward pass: `placement` says where this drafter's nodes were (None when it
+        drafted nothing this step, and at the prefill)."""
+
+    def extend(self, tokens: list[int]) -> None:  # noqa: B027 - a hook
+        """Tokens joined the conversation (the prompt, or emitted ones)."""
+
+    def reset(self) -> None:  # noqa: B027 - a hook
+        """A new conversation starts."""
+
+    @property
+    @abstractmethod
+    def max_nodes(self) -> int:
+        """The most draft nodes one proposal can hold."""
+
+    @property
+    @abstractmethod
+    def max_depth(self) -> int:
+        """The deepest node a proposal can hold (how far past the cache a step's positions reach)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        """One phrase for banners and reports, e.g. 'lookup chain 10'."""

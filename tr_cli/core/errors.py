@@ -1,0 +1,21 @@
+"""The root of tr's errors, and the errors the decoding core raises.
+
+Every error tr expects to meet (bad input, an unusable file, a model it cannot decode) derives
+from TrError and carries a message that reads as one line: what is wrong and what to do. The
+command line prints that line and exits; nothing else turns an error into output. Messages from
+the core name no command-line flags: the core does not know how it was called.
+"""
+
+from __future__ import annotations
+
+
+class TrError(Exception):
+    """A problem tr reports as one line (what went wrong, what to do), never as a traceback."""
+
+
+class UnsupportedAttention(TrError, ValueError):
+    """The model uses an attention pattern the decoder cannot mask (e.g. chunked attention)."""
+
+
+class InvalidTree(TrError, ValueError):
+    """A draft tree that is not valid: malformed spec, unknown preset, unreadable file."""

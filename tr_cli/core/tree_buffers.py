@@ -1,0 +1,88 @@
+"""Tensors derived from a tree spec once and reused every step: what verification, masks and
+drafting read (ancestor mask, depths, leaf paths, the matrix levels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .tree import TreeSpec
+
+
+@dataclass(frozen=True, eq=False)
+class TreeBuffers:
+    """Tensors derived from a spec once and reused every step (Medusa-style buffers). Compared
+    and hashed by identity: each is built once per spec and cached by whoever drafts with it."""
+
+    spec: TreeSpec
+    depths: torch.Tensor  # (n+1,) long: position offset of each node from the root
+    parents: torch.Tensor  # (n+1,) long: parent node index, root points to itself
+    slots: torch.Tensor  # (n+1,) long
+    ancestor_mask: torch.Tensor  # (n+1, n+1) bool: [i, j] = j is i or an ancestor of i
+    level_slices: tuple[tuple[int, int], ...]  # matrix node index ranges [start, end) per depth
+    # Per depth: (parents, slots, start, end) of its matrix nodes, sliced once: drafting gathers a
+    # level per step and slicing costs as much as the gather on a tree this small.
+    level_gathers: tuple[tuple[torch.Tensor, torch.Tensor, int, int], ...]
+    leaf_paths: torch.Tensor  # (leaves, D) long: root-to-leaf node indices, padded with n+1
+    matrix_nodes: torch.Tensor  # (m,) long: indices of the matrix draft nodes
+
+    @classmethod
+    def build(cls, spec: TreeSpec, device: torch.device | str = "cpu") -> TreeBuffers:
+        n1 = spec.size + 1
+        parents = [0] + list(spec.parents[1:])
+        anc = torch.zeros(n1, n1, dtype=torch.bool)
+        for i in range(n1):
+            j = i
+            anc[i, j] = True
+            while j != 0:
+                j = parents[j]
+                anc[i, j] = True
+        depths = spec.depths
+        m1 = n1 - spec.external_size
+        levels = []
+        for d in range(1, spec.depth + 1):
+            idx = [i for i in range(1, m1) if depths[i] == d]
+            if idx:
+                levels.append((idx[0], idx[-1] + 1))
+        has_child = set(parents[1:])
+        leaves = [i for i in range(1, n1) if i not in has_child]
+        pad = n1  # an index past the end, whose "correct" flag is always False
+        rows = []
+        for leaf in leaves:
+            chain = []
+            j = leaf
+            while j != 0:
+                chain.append(j)
+                j = parents[j]
+            chain.reverse()
+            rows.append(chain + [pad] * (spec.depth - len(chain)))
+        leaf_paths = (
+            torch.tensor(rows, dtype=torch.long).reshape(len(rows), spec.depth)
+            if rows
+            else torch.zeros(0, 0, dtype=torch.long)
+        )
+        parents_t = torch.tensor(parents, dtype=torch.long, device=device)
+        slots_t = torch.tensor(spec.slots, dtype=torch.long, device=device)
+        return cls(
+            spec=spec,
+            depths=torch.tensor(depths, dtype=torch.long, device=device),
+            parents=parents_t,
+            slots=slots_t,
+            ancestor_mask=anc.to(device),
+            level_slices=tuple(levels),
+            level_gathers=tuple(
+                (parents_t[start:end].clone(), slots_t[start:end].clone(), start, end) for start, end in levels
+            ),
+            leaf_paths=leaf_paths.to(device),
+            matrix_nodes=torch.arange(1, m1, dtype=torch.long, device=device),
+        )
+
+    @property
+    def size(self) -> int:
+        """Tokens per verification forward: root + draft nodes."""
+        return self.spec.size + 1
+
+    @property
+    def depth(self) -> int:
+        return self.spec.depth

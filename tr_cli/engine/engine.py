@@ -1,0 +1,99 @@
+"""Engine: the set-up every decoding command shares, built in one order and described in one banner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core import TokenRecyclingDecoder
+from ..core.sampling_config import SamplingConfig, SamplingRequest, ignored_generation_settings
+from ..models import LoadedModel, load_model
+from ..models.progress import Status, quiet
+from ..store.hot_matrix import HotMatrix
+from ..store.paths import cache_dir
+from .calibration import load_or_calibrate
+from .choices import EngineOptions, TreeChoice
+
+
+def resolve_sampling(request: SamplingRequest | None, loaded: LoadedModel) -> tuple[SamplingConfig, list[str]]:
+    """The request merged with the model's generation config (and transformers' defaults), as
+    generate(do_sample=True) would merge them, and warnings for what tr cannot apply."""
+    if request is None:
+        return SamplingConfig.greedy(), []
+    generation_config = getattr(loaded.model, "generation_config", None)
+    warnings = []
+    ignored = ignored_generation_settings(generation_config)
+    if ignored:
+        warnings.append(
+            f"the model's generation config sets {', '.join(ignored)}, which tr does not apply when sampling"
+        )
+    return request.resolve(generation_config), warnings
+
+
+@dataclass
+class Engine:
+    """A loaded model, its hot matrix and (unless asked not to) the decoder the options describe."""
+
+    options: EngineOptions
+    loaded: LoadedModel
+    sampling: SamplingConfig
+    hot: HotMatrix | None = None
+    decoder: TokenRecyclingDecoder | None = None
+    warnings: list[str] = field(default_factory=list)  # to show the user once, before decoding
+    status: Status = quiet
+
+    @classmethod
+    def open(cls, options: EngineOptions, status: Status = quiet, matrix: bool = True, decoder: bool = True) -> Engine:
+        """Load the model, open its matrix (`matrix`) and build the decoder (`decoder`, which
+        needs the matrix; `--tree auto` calibrates t(N) once per model and device)."""
+        loaded = load_model(options.model, options.device, options.dtype, status=status, cache=cache_dir())
+        sampling, warnings = resolve_sampling(options.sampling, loaded)
+        engine = cls(options, loaded, sampling, warnings=warnings, status=status)
+        if matrix or decoder:
+            engine.hot = HotMatrix.open(
+                loaded.tokenizer,
+                loaded.vocab_size,
+                loaded.model_id,
+                k=options.k,
+                device=loaded.device,
+                path=options.matrix,
+                cold=options.cold,
+                save=options.save,
+            )
+        if decoder:
+            engine.decoder = engine.make_decoder(options.tree)
+        return engine
+
+    def make_decoder(self, choice: TreeChoice, fork: bool = False) -> TokenRecyclingDecoder:
+        """A decoder for `choice` on the hot matrix, or (`fork`) on a copy of it that is never
+        saved, so that variants neither help one another nor change the store."""
+        hot = self.hot.fork() if fork else self.hot
+        return TokenRecyclingDecoder(
+            self.loaded.model,
+            matrix=hot.matrix,
+            tree=choice.spec,
+            acceptance=hot.acceptance,
+            lookup_length=choice.lookup_length,
+            sampling=self.sampling,
+            # A designed tree: t(N) read from the calibration cache, or measured with the decoder.
+            cost=lambda decoder: load_or_calibrate(decoder, self.loaded.model_id, status=self.status),
+        )
+
+    def banner(self) -> list[str]:
+        """What runs, in two lines: the model and how it decodes; the matrix."""
+        loaded = self.loaded
+        parts = [
+            loaded.model_id,
+            loaded.dtype_name,
+            str(loaded.device),
+            f"{torch.get_num_threads()} threads",
+        ]
+        if self.decoder is not None:
+            parts += [self.decoder.describe(), self.decoder.sampling.describe()]
+        else:
+            parts.append(self.sampling.describe())
+        lines = [" · ".join(parts)]
+        if self.hot is not None:
+            lines.append(self.hot.describe())
+        return lines

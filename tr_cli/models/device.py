@@ -1,0 +1,70 @@
+"""Where and in which dtype a model runs, and the device in words for reports."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA device is available here; use --device cpu or auto")
+    if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UserError("--device mps: Apple MPS is not available here; use --device cpu or auto")
+    if name not in ("cpu", "cuda", "mps"):
+        raise UserError(f"--device {name}: unknown device; use auto, cpu, cuda or mps")
+    return torch.device(name)
+
+
+def cpu_has_native_bf16() -> bool:
+    """AMX or AVX-512 BF16: a bf16 forward is then cheaper than float32 on the CPU."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'bfloat16', not 'torch.bfloat16': as --dtype takes it and reports show it."""
+    return str(dtype).removeprefix("torch.")
+
+
+def pick_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "cpu" and cpu_has_native_bf16():
+            return torch.bfloat16
+        return torch.float32
+    if name not in _DTYPES:
+        raise UserError(f"--dtype {name}: unknown dtype; use auto, float32, bfloat16 or float16")
+    return _DTYPES[name]
+
+
+def device_name(device: torch.device) -> str:
+    """The device in words: the CPU or GPU model name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+        return platform.processor() or platform.machine()
+    return device.type

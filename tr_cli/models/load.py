@@ -1,0 +1,146 @@
+"""Load a resolved model and its tokenizer (eval mode, on the device, in the dtype), or only the
+tokenizer and the matrix's row count, without the weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..core.matrix import output_vocab_size
+from ..errors import ModelError
+from .device import dtype_name, pick_device, pick_dtype
+from .gguf_cache import gguf_checkpoint
+from .progress import Status, quiet
+from .resolve import ModelSource, resolve_model
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    source: ModelSource
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def model_id(self) -> str:
+        return self.source.model_id
+
+    @property
+    def vocab_size(self) -> int:
+        """The matrix's rows: the output embedding's (core.matrix.output_vocab_size)."""
+        return output_vocab_size(self.model)
+
+    @property
+    def dtype_name(self) -> str:
+        return dtype_name(self.dtype)
+
+    @property
+    def context_length(self) -> int | None:
+        return context_limit(self.model)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """EOS ids as `model.generate` uses them (generation config first, tokenizer second)."""
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        if eos is None:
+            eos = getattr(self.tokenizer, "eos_token_id", None)
+        if eos is None:
+            return []
+        return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def context_limit(model: torch.nn.Module) -> int | None:
+    """The model's maximum positions, where the config states one."""
+    try:
+        config = model.config.get_text_config(decoder=True)
+    except (AttributeError, TypeError):
+        config = getattr(model, "config", None)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _location(source: ModelSource, cache: Path, status: Status) -> str:
+    """Where transformers loads this source from (a GGUF is converted and cached first)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # callers show their own progress through `status`
+    if source.kind == "gguf":
+        return str(gguf_checkpoint(source.path, cache / "gguf", status))
+    if source.kind == "directory":
+        return str(source.path)
+    return source.model_id
+
+
+def _output_rows(config) -> int:
+    """The matrix's rows for a model not loaded: the same definition as for a loaded one, on the
+    model built on the meta device (shapes only, no weights, no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return output_vocab_size(model)
+
+
+def _output_rows_of(source: ModelSource, config) -> int:
+    try:
+        return _output_rows(config)
+    except Exception as exc:  # noqa: BLE001 - any architecture's own checks: one line, not a traceback
+        raise ModelError(
+            f"model {source.model_id}: cannot build it to read its vocabulary ({_first_line(exc)})"
+        ) from None
+
+
+def load_tokenizer(arg: str | None, *, cache: Path, status: Status = quiet) -> tuple[object, int, ModelSource]:
+    """Tokenizer, the matrix's row count and the source, without loading the weights. `cache`:
+    where converted GGUF checkpoints are kept."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    source = resolve_model(arg)
+    location = _location(source, cache, status)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=True)
+        config = AutoConfig.from_pretrained(location, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"model {source.model_id}: cannot load its tokenizer ({_first_line(exc)})") from None
+    rows = _output_rows_of(source, config)
+    return tokenizer, rows, source
+
+
+def load_model(
+    arg: str | None, device: str = "auto", dtype: str = "auto", status: Status = quiet, *, cache: Path
+) -> LoadedModel:
+    """Resolve, then load model and tokenizer onto the device in the dtype (eval mode). `cache`:
+    where converted GGUF checkpoints are kept."""
+    source = resolve_model(arg)
+    torch_device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, torch_device)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    location = _location(source, cache, status)
+    status(f"Loading {source.model_id} ({dtype_name(torch_dtype)}, {torch_device.type})")
+    kwargs = dict(dtype=torch_dtype, local_files_only=True)
+    if torch_device.type == "cuda":
+        kwargs["device_map"] = "auto"  # spreads layers over GPUs (and CPU) when one GPU is too small
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=True)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(location, attn_implementation="sdpa", **kwargs)
+        except ValueError as exc:  # an architecture without SDPA support: its own attention then
+            if not any(word in str(exc).lower() for word in ("sdpa", "scaled_dot_product_attention")):
+                raise
+            model = AutoModelForCausalLM.from_pretrained(location, attn_implementation="eager", **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"model {source.model_id}: cannot load it as a causal LM ({_first_line(exc)})") from None
+    if torch_device.type != "cuda":
+        model = model.to(torch_device)
+    model.eval()
+    return LoadedModel(model, tokenizer, source, torch_device, torch_dtype)

