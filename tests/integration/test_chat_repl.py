@@ -19,7 +19,6 @@ from tr_cli.cli.interrupts import Interrupts
 from tr_cli.cli.prompt_session import make_prompt_session
 from tr_cli.core import TokenRecyclingDecoder
 from tr_cli.core.sampling_config import SamplingConfig
-from tr_cli.engine.choices import EngineOptions
 from tr_cli.engine.engine import Engine
 from tr_cli.models import context_limit
 from tr_cli.store.hot_matrix import HotMatrix
@@ -58,7 +57,7 @@ class Run:
 def make_app(loaded, live: str = "off", terminal: bool = False, max_new_tokens: int = 8, system: str | None = None):
     hot = HotMatrix.open(loaded.tokenizer, loaded.vocab_size, loaded.model_id, k=8, device=loaded.device)
     decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix)
-    engine = Engine(EngineOptions(), loaded, SamplingConfig.greedy(), hot=hot, decoder=decoder)
+    engine = Engine(loaded, SamplingConfig.greedy(), hot=hot, decoder=decoder)
     session = ChatSession(
         loaded.tokenizer,
         decoder,

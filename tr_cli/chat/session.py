@@ -58,13 +58,17 @@ class ChatSession:
         self.model_id = model_id
         self.topics = dict(topics or {})
         self.encoder = ConversationEncoder(tokenizer)
-        self.templated = self.encoder.templated
         self.messages: list[dict] = []
         self.stats = GenerationStats()  # of the turn being generated (read by the live view)
         self.last: TurnResult | None = None
         self._held = ""  # the text the decoder's tokens stand for (template mode)
         self._stale = False  # decoder state no longer matches the messages: re-prefill next turn
         self.apply_sampling()
+
+    @property
+    def templated(self) -> bool:
+        """Whether the model has a chat template (else plain-completion mode)."""
+        return self.encoder.templated
 
     # -- state ------------------------------------------------------------------------------
 

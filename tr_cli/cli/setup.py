@@ -16,11 +16,16 @@ from ..store.hot_matrix import HotMatrix
 from .console import note, stderr, warn
 
 
+def status_line(message: str) -> None:
+    """A long step as a dim line: 'Loading smollm2 (float32, cpu)…'."""
+    note(f"{message}…")
+
+
 @contextlib.contextmanager
 def progress() -> Iterator:
     """A status callback for long set-up steps: a spinner in a terminal, dim lines otherwise."""
     if not sys.stderr.isatty():
-        yield lambda message: note(f"{message}…")
+        yield status_line
         return
     with stderr.status("Resolving model…") as spinner:
         yield lambda message: spinner.update(f"{escape(message)}…")
@@ -31,7 +36,7 @@ def open_engine(options: EngineOptions, matrix: bool = True, decoder: bool = Tru
     banner (what runs) and any warnings."""
     with progress() as status:
         engine = Engine.open(options, status=status, matrix=matrix, decoder=decoder)
-    engine.status = lambda message: note(f"{message}…")  # later calibrations (bench variants)
+    engine.status = status_line  # later calibrations (bench variants)
     if banner:
         for line in engine.banner():
             note(line)

@@ -189,7 +189,7 @@ class TokenRecyclingDecoder:
         """Run new tokens through the model in chunks; return the next token (greedy or sampled)."""
         t0 = time.perf_counter()
         update = 0.0
-        learners = any(drafter.learns_from_prefill for drafter in self.drafters)
+        learners = [drafter for drafter in self.drafters if drafter.learns_from_prefill]
         last_logits = None
         for start in range(0, len(ids), PREFILL_CHUNK):
             chunk = torch.tensor(ids[start : start + PREFILL_CHUNK], dtype=torch.long, device=self.device)
@@ -199,9 +199,8 @@ class TokenRecyclingDecoder:
                 u0 = time.perf_counter()
                 top = TopCandidates.of(logits, self.k)
                 verification = Verification(chunk, top.indices, None, None)
-                for drafter in self.drafters:
-                    if drafter.learns_from_prefill:
-                        drafter.learn(verification, None)
+                for drafter in learners:
+                    drafter.learn(verification, None)
                 update += time.perf_counter() - u0
         first = self.sampler.first_token(last_logits, self.tokens) if self.sampler else int(last_logits.argmax())
         total = time.perf_counter() - t0

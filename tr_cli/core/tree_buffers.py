@@ -20,7 +20,6 @@ class TreeBuffers:
     parents: torch.Tensor  # (n+1,) long: parent node index, root points to itself
     slots: torch.Tensor  # (n+1,) long
     ancestor_mask: torch.Tensor  # (n+1, n+1) bool: [i, j] = j is i or an ancestor of i
-    level_slices: tuple[tuple[int, int], ...]  # matrix node index ranges [start, end) per depth
     # Per depth: (parents, slots, start, end) of its matrix nodes, sliced once: drafting gathers a
     # level per step and slicing costs as much as the gather on a tree this small.
     level_gathers: tuple[tuple[torch.Tensor, torch.Tensor, int, int], ...]
@@ -70,13 +69,17 @@ class TreeBuffers:
             parents=parents_t,
             slots=slots_t,
             ancestor_mask=anc.to(device),
-            level_slices=tuple(levels),
             level_gathers=tuple(
                 (parents_t[start:end].clone(), slots_t[start:end].clone(), start, end) for start, end in levels
             ),
             leaf_paths=leaf_paths.to(device),
             matrix_nodes=torch.arange(1, m1, dtype=torch.long, device=device),
         )
+
+    @property
+    def level_slices(self) -> tuple[tuple[int, int], ...]:
+        """Matrix node index ranges [start, end), one per depth."""
+        return tuple((start, end) for _, _, start, end in self.level_gathers)
 
     @property
     def size(self) -> int:

@@ -35,7 +35,6 @@ def resolve_sampling(request: SamplingRequest | None, loaded: LoadedModel) -> tu
 class Engine:
     """A loaded model, its hot matrix and (unless asked not to) the decoder the options describe."""
 
-    options: EngineOptions
     loaded: LoadedModel
     sampling: SamplingConfig
     hot: HotMatrix | None = None
@@ -49,7 +48,7 @@ class Engine:
         needs the matrix; `--tree auto` calibrates t(N) once per model and device)."""
         loaded = load_model(options.model, options.device, options.dtype, status=status, cache=cache_dir())
         sampling, warnings = resolve_sampling(options.sampling, loaded)
-        engine = cls(options, loaded, sampling, warnings=warnings, status=status)
+        engine = cls(loaded, sampling, warnings=warnings, status=status)
         if matrix or decoder:
             engine.hot = HotMatrix.open(
                 loaded.tokenizer,
