@@ -6,7 +6,9 @@ exit status 1 (tr_cli/cli/errors.py); nothing else prints them.
     ├── InvalidTree            a draft tree spec that is not valid (core)
     ├── UserError              an option, argument or input file that cannot be used as given
     ├── ModelError             a model argument that cannot be resolved or loaded
-    └── StoreError             stored state (a matrix file) that cannot be used
+    └── StoreError             stored state (a matrix or store file) that cannot be used
+        ├── MatrixFileError    a file that is not a usable matrix
+        └── StoreFileError     a file that is not a usable recycled store
 
 Messages say what is wrong and what to do, in one line.
 """
@@ -32,4 +34,17 @@ class MatrixFileError(StoreError, ValueError):
     """A file that is not a usable tr matrix."""
 
 
-__all__ = ["InvalidTree", "MatrixFileError", "ModelError", "StoreError", "TrError", "UnsupportedAttention", "UserError"]
+class StoreFileError(StoreError, ValueError):
+    """A file that is not a usable recycled store (the token streams of earlier conversations)."""
+
+
+__all__ = [
+    "InvalidTree",
+    "MatrixFileError",
+    "ModelError",
+    "StoreError",
+    "StoreFileError",
+    "TrError",
+    "UnsupportedAttention",
+    "UserError",
+]

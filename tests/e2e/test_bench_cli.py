@@ -97,6 +97,27 @@ def test_bench_tiny_model_end_to_end(tiny_llama_dir, tmp_path):
     assert env["model"] == str(tiny_llama_dir) and env["dtype"] == "float32"
 
 
+def test_passes_report_a_repeated_workload_apart(tiny_llama_dir, tmp_path):
+    """--passes 2: the same prompts twice, learning kept; the second pass drafts from the store
+    the first pass filled (the prompts' conversations), and each pass is reported on its own."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("one two three four five six seven eight\n\nnine ten eleven twelve thirteen fourteen\n")
+    report_path = tmp_path / "report.json"
+    args = ["bench", str(prompts), "--model", str(tiny_llama_dir), "--dtype", "float32", "-n", "24"]
+    args += ["--methods", "baseline,tr", "--passes", "2", "--warmup", "0", "--format", "json", "-o", str(report_path)]
+    out = runner.invoke(app, args)
+    assert out.exit_code == 0, out.output
+    passes = json.loads(report_path.read_text())["passes"]
+    assert [p["environment"]["pass"] for p in passes] == ["1 of 2", "2 of 2"]
+    assert "repeated workload" in passes[1]["environment"]["matrix"]
+    assert all(p["methods"]["tr"]["identical_to_baseline"] == 2 for p in passes)  # float32: lossless
+    # The second pass has every answer in the store: it accepts more per step.
+    first, second = (p["methods"]["tr"]["mean_accepted_tokens"] for p in passes)
+    assert second > first
+    md = runner.invoke(app, [*args[:-4], "--format", "md"])
+    assert md.exit_code == 0 and md.output.count("### pass") == 2
+
+
 def test_sampled_bench_tiny_model_end_to_end(tiny_llama_dir, tmp_path):
     report_path = tmp_path / "report.json"
     out = runner.invoke(

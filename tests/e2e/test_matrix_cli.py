@@ -7,7 +7,7 @@ import torch
 from typer.testing import CliRunner
 
 from tr_cli.cli import app
-from tr_cli.store.matrix_file import MatrixFile, read_matrix, write_matrix
+from tr_cli.store.matrix_file import MatrixFile, is_matrix_name, read_matrix, write_matrix
 
 runner = CliRunner()
 
@@ -23,7 +23,7 @@ def tr(*args: str):
 
 
 def stored(home):
-    files = sorted((home / "data" / "matrices").glob("*.safetensors"))
+    files = sorted(p for p in (home / "data" / "matrices").glob("*.safetensors") if is_matrix_name(p))
     assert len(files) == 1
     return files[0]
 

@@ -332,7 +332,13 @@ def test_complete_matrix(monkeypatch, tmp_path):
     assert stored_matrices() == [] and [c for c in complete_matrix("") if c[1] == "stored matrix"] == []
     store = tmp_path / "data" / "matrices"
     store.mkdir(parents=True)
-    for name in ("abc-v49152-k8.safetensors", "def-v32000-k8.safetensors", "notes.txt"):
+    # The recycled store beside a matrix is not offered as one.
+    for name in (
+        "abc-v49152-k8.safetensors",
+        "abc-v49152-k8.store.safetensors",
+        "def-v32000-k8.safetensors",
+        "notes.txt",
+    ):
         (store / name).write_bytes(b"")
     paths = [str(store / "abc-v49152-k8.safetensors"), str(store / "def-v32000-k8.safetensors")]
     assert stored_matrices() == paths

@@ -54,9 +54,16 @@ class Run:
         self.session = app.session
 
 
-def make_app(loaded, live: str = "off", terminal: bool = False, max_new_tokens: int = 8, system: str | None = None):
+def make_app(
+    loaded,
+    live: str = "off",
+    terminal: bool = False,
+    max_new_tokens: int = 8,
+    system: str | None = None,
+    store: bool = False,
+):
     hot = HotMatrix.open(loaded.tokenizer, loaded.vocab_size, loaded.model_id, k=8, device=loaded.device)
-    decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix)
+    decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, store=hot.store if store else None)
     engine = Engine(loaded, SamplingConfig.greedy(), hot=hot, decoder=decoder)
     session = ChatSession(
         loaded.tokenizer,
@@ -294,6 +301,26 @@ def test_periodic_matrix_save(tiny):
     app.hot.save = lambda: saves.append(1) or original()
     repl(tiny, "Hello there\rAnd then?\r/bye\r", app=app)
     assert len(saves) == 3  # after each reply and at exit
+
+
+def test_the_conversation_joins_the_store_when_the_chat_ends(tiny):
+    """Periodic saves keep the conversation going (its KV cache, one document); the final save
+    adds it to the recycled store, both turns as one conversation."""
+    from tr_cli.store.recycled_file import read_store, store_path
+
+    app = make_app(tiny, store=True)
+    app.save_every = 0.0
+    tokens_seen = []
+    original = app.hot.save
+    app.hot.save = lambda: tokens_seen.append(list(app.session.decoder.tokens)) or original()
+    repl(tiny, "Hello there\rAnd then?\r/bye\r", app=app)
+    after_first, after_second, at_exit = tokens_seen
+    assert after_first and after_second[: len(after_first)] == after_first  # the cache went on
+    assert at_exit == []  # the conversation ended before the final save
+    # One new conversation after whatever the store started with (the starter's, for this tokenizer).
+    started = len(app.hot.store.documents) - 1
+    docs = read_store(store_path(app.hot.path)).documents
+    assert len(docs) == started + 1 and docs[-1].tokens.tolist() == after_second
 
 
 def test_an_error_while_generating_does_not_end_the_chat(tiny):

@@ -29,6 +29,7 @@ RANKS = {
     "entry": 6,
     "__main__": 6,
     "data": 0,
+    "seed": 0,
 }
 SHIM = ("entry", "cli_names")
 TERMINAL_LIBRARIES = {"typer", "click", "rich", "prompt_toolkit"}

@@ -99,6 +99,7 @@ def environment_line(env: dict) -> str:
         "decoding",
         "seed",
         "max_new_tokens",
+        "pass",
         "matrix",
         "torch",
         "transformers",
@@ -163,6 +164,24 @@ def to_csv(report: dict) -> str:
 
 def to_json(report: dict) -> str:
     return json.dumps(report, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_passes(reports: list[dict], fmt: str) -> str:
+    """Several passes over the same prompts (a repeated workload), each reported on its own."""
+    if len(reports) == 1:
+        return render(reports[0], fmt)
+    if fmt == "json":
+        return to_json({"passes": reports})
+    if fmt == "md":
+        return "\n".join(f"### pass {i}\n\n" + to_markdown(r) for i, r in enumerate(reports, start=1))
+    if fmt == "csv":
+        out = io.StringIO()
+        writer = csv.writer(out)
+        for i, report in enumerate(reports, start=1):
+            table = list(csv.reader(io.StringIO(to_csv(report))))
+            writer.writerows(([("pass", *table[0])] if i == 1 else []) + [(str(i), *row) for row in table[1:]])
+        return out.getvalue()
+    raise ValueError(f"no text rendering for {fmt}")
 
 
 def render(report: dict, fmt: str) -> str:

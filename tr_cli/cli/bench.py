@@ -16,7 +16,7 @@ from rich.text import Text
 from ..bench.distribution import check_tokens
 from ..bench.methods import make_runners, parse_methods, variant_tree
 from ..bench.metrics import summarize
-from ..bench.report import FORMATS, environment, environment_line, render, rows, sampled
+from ..bench.report import FORMATS, environment, environment_line, render_passes, rows, sampled
 from ..bench.runner import conversation_turns, run_bench
 from ..engine.choices import TreeChoice
 from ..engine.engine import Engine
@@ -27,7 +27,7 @@ from ..text.prompts import SAMPLE, PromptRecord, load_prompts, select_prompts
 from . import options as opt
 from .console import note, stderr
 from .options import engine_options, sampling_request, tree_choice
-from .setup import open_engine, save_matrix
+from .setup import open_engine, save_state
 
 PIPED_WIDTH = 220  # a pipe or file has no width: give the table room instead of Rich's 80 columns
 
@@ -59,6 +59,15 @@ Turns = Annotated[
 ]
 Warmup = Annotated[int, typer.Option("--warmup", min=0, help="Prompts run first and not counted.")]
 Repeats = Annotated[int, typer.Option("--repeats", min=1, help="Runs per measurement; the median time is reported.")]
+Passes = Annotated[
+    int,
+    typer.Option(
+        "--passes",
+        min=1,
+        help="Run the prompts this many times, learning carried over (a repeated workload); each pass "
+        "is reported on its own.",
+    ),
+]
 Format = Annotated[str, typer.Option("--format", help="table, md, csv or json.")]
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report here instead of stdout.")]
 BenchSeed = Annotated[
@@ -107,6 +116,7 @@ def bench(
     turns: Turns = "all",
     warmup: Warmup = 1,
     repeats: Repeats = 1,
+    passes: Passes = 1,
     matrix: opt.MatrixPath = None,
     cold: opt.Cold = False,
     no_save: opt.NoSave = False,
@@ -148,7 +158,7 @@ def bench(
     engine = open_engine(options, matrix=decoding, decoder="tr" in chosen)
     torch.manual_seed(seed)  # transformers' sampling draws from torch's global generator
     runners, drafts = make_runners(engine, chosen, variants)
-    loaded, sampling, hot = engine.loaded, engine.sampling, engine.hot
+    loaded, sampling = engine.loaded, engine.sampling
     # Sampled outputs differ by chance: instead of comparing tokens, score each method's tokens
     # under the model's distribution (untimed; bench/distribution.py).
     check = None if sampling.is_greedy else (lambda ids, tokens: check_tokens(loaded.model, sampling, ids, tokens))
@@ -165,12 +175,20 @@ def bench(
         seed=seed,
     )
     encoder = ConversationEncoder(loaded.tokenizer)
+    reports = []
     try:
-        results = _run(runners, records, encoder, max_new_tokens, turns, repeats, warmup, check)
+        for number in range(1, passes + 1):
+            if passes > 1:
+                env = {**env, "pass": f"{number} of {passes}"}
+            if number > 1:
+                env["matrix"] = f"warmed on the same prompts by pass {number - 1} (a repeated workload)"
+            # Warm-up prompts only before the first pass: later passes start warm by design.
+            first = warmup if number == 1 else 0
+            results = _run(runners, records, encoder, max_new_tokens, turns, repeats, first, check)
+            reports.append(summarize(results, env, sampled=not sampling.is_greedy))
     finally:
-        if hot:
-            save_matrix(hot)
-    _write(summarize(results, env, sampled=not sampling.is_greedy), fmt, output)
+        save_state(engine)
+    _write(reports, fmt, output)
 
 
 def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> dict:
@@ -226,8 +244,9 @@ def rich_table(report: dict) -> Table:
     """The report as a terminal table (the rows of report.rows, the environment as caption)."""
     header, body = rows(report)
     baseline = "sampling" if sampled(report) else "greedy"
+    number = report["environment"].get("pass")
     table = Table(
-        title=f"tr bench: speedup over transformers {baseline}",
+        title=f"tr bench: speedup over transformers {baseline}" + (f" · pass {number}" if number else ""),
         title_justify="left",
         caption=environment_line(report["environment"]),
         caption_justify="left",
@@ -239,16 +258,20 @@ def rich_table(report: dict) -> Table:
     return table
 
 
-def _write(report: dict, fmt: str, output: Path | None) -> None:
+def _write(reports: list[dict], fmt: str, output: Path | None) -> None:
     if fmt == "table":
         if output:
             with output.open("w") as f:
-                Console(file=f, width=PIPED_WIDTH, highlight=False).print(rich_table(report))
+                console = Console(file=f, width=PIPED_WIDTH, highlight=False)
+                for report in reports:
+                    console.print(rich_table(report))
         else:
-            Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH).print(rich_table(report))
+            console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
+            for report in reports:
+                console.print(rich_table(report))
     elif output:
-        output.write_text(render(report, fmt))
+        output.write_text(render_passes(reports, fmt))
     else:
-        typer.echo(render(report, fmt), nl=False)
+        typer.echo(render_passes(reports, fmt), nl=False)
     if output:
         note(f"report written to {output}")

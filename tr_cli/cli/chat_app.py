@@ -23,7 +23,7 @@ from ..text.streaming import IncrementalDecoder
 from .console import note
 from .interrupts import DoubleInterrupt, Interrupts, no_echo
 from .live_view import LiveView, TokenLabels, stats_line
-from .setup import save_matrix
+from .setup import save_state
 
 PROMPT = ">>> "
 CONTINUATION = "... "
@@ -59,9 +59,10 @@ class ChatApp:
     # -- matrix -----------------------------------------------------------------------------
 
     def save(self, final: bool = False) -> None:
-        """Write the matrix back; a failure is a warning, never a lost conversation."""
+        """Write the matrix back; a failure is a warning, never a lost conversation. The final
+        save ends the conversation (it joins the store); a periodic one lets it go on."""
         self.last_save = time.monotonic()
-        save_matrix(self.hot, self.err, announce=final or self.session.settings.verbose)
+        save_state(self.engine, self.err, announce=final or self.session.settings.verbose, end_conversation=final)
 
     def maybe_save(self) -> None:
         if time.monotonic() - self.last_save >= self.save_every:

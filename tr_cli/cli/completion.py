@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..store.matrix_file import is_matrix_name
 from ..store.paths import data_dir
 
 Candidate = tuple[str, str]
@@ -112,7 +113,7 @@ def stored_matrices(root: Path | None = None) -> list[str]:
         files = sorted(root.glob("*.safetensors"))
     except OSError:
         return []
-    return [str(path) for path in files if path.is_file()]
+    return [str(path) for path in files if path.is_file() and is_matrix_name(path)]
 
 
 def complete_matrix(incomplete: str) -> list[Candidate]:

@@ -22,7 +22,7 @@ from . import options as opt
 from .console import note, stderr
 from .live_view import step_split
 from .options import engine_options, sampling_request
-from .setup import open_engine, save_matrix
+from .setup import open_engine, save_state
 
 Prompt = Annotated[
     str | None, typer.Option("--prompt", "-p", help="Prompt text ('-' reads stdin). Default: a bundled sample prompt.")
@@ -97,8 +97,9 @@ def generate(
             sys.stdout.write(text.push(event.new_tokens))
             sys.stdout.flush()
     finally:
-        save_matrix(engine.hot)  # also on Ctrl-C: what was learned so far is kept
-    sys.stdout.write("\n")
+        sys.stdout.write("\n")
+        sys.stdout.flush()  # the reply's line ends before the save's status lines
+        save_state(engine)  # also on Ctrl-C: what was learned so far is kept
     note(stats_summary(result.stats))
     if compare:
         _compare(

@@ -1,7 +1,9 @@
-"""`tr matrix init | inspect | export | import | list`: manage the hot-start matrices."""
+"""`tr matrix init | inspect | export | import | list`: manage the hot-start matrices and the
+recycled stores kept beside them (`<matrix stem>.store.safetensors`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import replace as with_changes
 from pathlib import Path
@@ -15,11 +17,13 @@ from rich.text import Text
 
 from ..core.matrix import filled_rows
 from ..core.matrix_init import fill_from_token_lists
+from ..core.recycled_store import RecycledStore
 from ..engine.choices import EngineOptions
-from ..errors import MatrixFileError, UserError
+from ..errors import MatrixFileError, StoreFileError, UserError
 from ..models import load_tokenizer
 from ..store.atomic import locked
 from ..store.matrix_file import (
+    STORE_SUFFIX,
     SUFFIX,
     MatrixFile,
     check_compatible,
@@ -31,6 +35,16 @@ from ..store.matrix_file import (
     write_matrix,
 )
 from ..store.paths import cache_dir
+from ..store.recycled_file import (
+    StoreFile,
+    StoreMeta,
+    copy_store_file,
+    merge_documents,
+    read_store,
+    store_path,
+    with_fingerprint,
+    write_store,
+)
 from ..store.timestamps import iso, now_us
 from ..text.corpus import read_corpus, token_lists
 from . import options as opt
@@ -41,7 +55,7 @@ from .setup import open_engine
 Sources = Annotated[
     list[Path], typer.Option("--from", help="Text files or prompt JSONL files (default: the bundled sample prompts).")
 ]
-Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing matrix.")]
+Force = Annotated[bool, typer.Option("--force", help="Overwrite an existing matrix and its store.")]
 MatrixTarget = Annotated[
     Path | None, typer.Option("--matrix", help="Write this file instead of the model's stored matrix.")
 ]
@@ -94,7 +108,8 @@ def init(
     device: opt.Device = "auto",
     dtype: opt.Dtype = "auto",
 ) -> None:
-    """Build a matrix by running the model over text (prefill; each position's top-k into its token's row)."""
+    """Build a matrix by running the model over text (prefill; each position's top-k into its token's row),
+    and its recycled store from the same text (each text block or prompt one document)."""
     texts = read_corpus(sources)  # validated before the model loads
     loaded = open_engine(
         EngineOptions(model=model, device=device, dtype=dtype, k=k), matrix=False, decoder=False, banner=False
@@ -103,6 +118,8 @@ def init(
     path = matrix or default_path(fingerprint, loaded.vocab_size, k)
     if path.exists() and not force:
         raise UserError(f"{path}: a matrix already exists ({_summary(path)}); pass --force to rebuild it")
+    if store_path(path).exists() and not force:
+        raise UserError(f"{store_path(path)}: a recycled store already exists; pass --force to rebuild it")
     ids = token_lists(loaded.tokenizer, texts)
     data = MatrixFile.empty(loaded.vocab_size, k, fingerprint, loaded.model_id)
     live = data.matrix.to(loaded.device)
@@ -126,6 +143,20 @@ def init(
     stderr.print(
         Text(f"matrix: {data.rows_filled:,} of {loaded.vocab_size:,} rows filled from {total:,} tokens → {path}")
     )
+    store = _corpus_store(loaded.vocab_size, ids)
+    target = store_path(path)
+    with locked(target):
+        write_store(target, StoreFile(StoreMeta(loaded.vocab_size, fingerprint, loaded.model_id), store.documents))
+    stderr.print(Text(f"store: {len(store.documents):,} texts ({store.total_tokens:,} tokens) → {target}"))
+
+
+def _corpus_store(vocab_size: int, ids: list[list[int]]) -> RecycledStore:
+    """One document per text, stamped in corpus order (distinct stamps: a later merge keeps all)."""
+    store = RecycledStore(vocab_size)
+    start = now_us()
+    for offset, tokens in enumerate(ids):
+        store.add(tokens, start + offset)  # too-short texts are skipped: they teach nothing
+    return store
 
 
 def _summary(path: Path) -> str:
@@ -146,6 +177,8 @@ def inspect(
 ) -> None:
     """Show a matrix: where, how big, whose, how full, and the candidates for given tokens."""
     tokenizer = None
+    if target and target.endswith(STORE_SUFFIX):
+        raise UserError(f"{target}: a recycled store; pass the matrix beside it ({_matrix_of(target)})")
     if target and (target.endswith(SUFFIX) or Path(target).is_file()):
         path = Path(target)
         data = _read(path, "pass a matrix file written by tr")
@@ -162,6 +195,7 @@ def inspect(
             )
         data = _read(path, "move it away or rebuild it with tr matrix init --force")
     report = _report(path, data)
+    report["store"] = _store_report(store_path(path))
     if tokens:
         report["tokens"] = _token_candidates(tokenizer, data, tokens)
     if as_json:
@@ -186,6 +220,44 @@ def _report(path: Path, data: MatrixFile) -> dict:
         "format_version": meta.format_version,
         "tr_version": meta.tr_version,
     }
+
+
+def _matrix_of(store_file: str) -> str:
+    return store_file.removesuffix(STORE_SUFFIX) + SUFFIX
+
+
+def _store_report(path: Path) -> dict | None:
+    """The recycled store beside a matrix: None when there is none, its error when unreadable."""
+    if not path.exists():
+        return None
+    try:
+        data = read_store(path)
+    except StoreFileError as exc:
+        return {"path": str(path.resolve()), "error": str(exc)}
+    stamps = [doc.stamp for doc in data.documents]
+    return {
+        "path": str(path.resolve()),
+        "documents": len(data.documents),
+        "tokens": data.total_tokens,
+        "capacity": data.meta.capacity,
+        "bytes": path.stat().st_size,
+        "oldest": iso(min(stamps)) if stamps else None,
+        "newest": iso(max(stamps)) if stamps else None,
+    }
+
+
+def _describe_store(store: dict | None) -> str:
+    if store is None:
+        return "none"
+    if "error" in store:
+        return f"unreadable: {store['error']}"
+    text = (
+        f"{store['documents']:,} conversations, {store['tokens']:,} of {store['capacity']:,} tokens, "
+        f"{_size(store['bytes'])}"
+    )
+    if store["documents"]:
+        text += f", {store['oldest']} to {store['newest']}"
+    return text
 
 
 def _token_candidates(tokenizer, data: MatrixFile, texts: list[str]) -> list[dict]:
@@ -220,6 +292,7 @@ def _print_report(report: dict) -> None:
         ("updated", report["updated"]),
         ("rows filled", f"{report['rows_filled']:,} ({report['rows_filled_percent']:.2f} %)"),
         ("format", f"v{report['format_version']} (written by tr {report['tr_version']})"),
+        ("store", _describe_store(report["store"])),
     ]
     for key, value in rows:
         table.add_row(key, Text(str(value)))
@@ -238,33 +311,60 @@ def _print_report(report: dict) -> None:
 @app.command()
 def export(
     model_or_output: ModelAndOutput,
-    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT if it exists.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT (and its store) if they exist.")] = False,
     k: opt.K = 8,
 ) -> None:
-    """Copy a model's stored matrix to a file (to move it to another machine)."""
+    """Copy a model's stored matrix to a file (to move it to another machine), and its recycled
+    store beside it (OUTPUT's stem + .store.safetensors) when there is one."""
     model, output = _model_and_file(model_or_output, "OUTPUT")
     output = Path(output)
-    if output.exists() and not force:
-        raise UserError(f"{output}: exists; pass --force to overwrite it")
-    if output.suffix != SUFFIX:
+    output_store = store_path(output)
+    for target in (output, output_store):
+        if target.exists() and not force:
+            raise UserError(f"{target}: exists; pass --force to overwrite it")
+    if output.suffix != SUFFIX or output.name.endswith(STORE_SUFFIX):
         raise UserError(f"{output}: matrix files end in {SUFFIX}; name it e.g. {output.with_suffix(SUFFIX).name}")
     path, *_ = _store_path_for(model, k)
     if not path.exists():
         raise UserError(f"no stored matrix for {model or 'the default model'} yet ({path}); nothing to export")
-    with locked(path):
-        try:
-            data = copy_matrix_file(path, output)
-        except MatrixFileError as exc:
-            raise UserError(f"{exc}; the stored matrix is damaged, rebuild it with tr matrix init --force") from None
-    stderr.print(Text(f"exported {path.name} ({data.rows_filled:,} rows filled) → {output}"))
+    source_store = store_path(path)
+    has_store = source_store.exists()
+    # The store's lock is held across both copies (taken before the matrix's, as nowhere the
+    # other way round), so the exported pair is one moment's state.
+    with locked(source_store) if has_store else contextlib.nullcontext():
+        if has_store:
+            try:
+                read_store(source_store)  # refused before anything is written
+            except StoreFileError as exc:
+                raise UserError(
+                    f"{exc}; the stored recycled store is damaged, move it away to export the matrix alone"
+                ) from None
+        with locked(path):
+            try:
+                data = copy_matrix_file(path, output)
+            except MatrixFileError as exc:
+                raise UserError(
+                    f"{exc}; the stored matrix is damaged, rebuild it with tr matrix init --force"
+                ) from None
+        store = copy_store_file(source_store, output_store) if has_store else None
+    if store is None:
+        output_store.unlink(missing_ok=True)  # a stale one (--force) would be imported with this matrix
+    extra = f" + store of {len(store.documents):,} conversations → {output_store}" if store else ""
+    stderr.print(Text(f"exported {path.name} ({data.rows_filled:,} rows filled) → {output}{extra}"))
 
 
 @app.command(name="import")
 def import_(
     model_or_input: ModelAndInput,
-    replace: Annotated[bool, typer.Option("--replace", help="Replace the stored matrix with INPUT.")] = False,
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Replace the stored matrix (and store, if INPUT has one) with INPUT.")
+    ] = False,
     merge: Annotated[
-        bool, typer.Option("--merge", help="Per row, keep the more recently updated candidates (default).")
+        bool,
+        typer.Option(
+            "--merge",
+            help="Per row, keep the more recently updated candidates; add the store's new conversations (default).",
+        ),
     ] = False,
     force: Annotated[
         bool,
@@ -272,7 +372,8 @@ def import_(
     ] = False,
     k: opt.K = 8,
 ) -> None:
-    """Bring a matrix file into the store, merged with (default) or replacing the stored one."""
+    """Bring a matrix file into the store, merged with (default) or replacing the stored one; its
+    recycled store (INPUT's stem + .store.safetensors) comes with it when there is one."""
     if replace and merge:
         raise UserError("--merge and --replace exclude each other; pick one")
     model, source = _model_and_file(model_or_input, "INPUT")
@@ -289,6 +390,10 @@ def import_(
             f"{model_id} has {fingerprint}), so its ids may mean other tokens; pass --force to import anyway"
         )
     incoming.meta = with_changes(meta, fingerprint=fingerprint)
+    incoming_store = _incoming_store(store_path(Path(source)), vocab_size, fingerprint, model_id, force)
+    target_store = store_path(path)
+    if incoming_store is not None and not replace and target_store.exists():
+        _read_store(target_store, "the stored recycled store is damaged; use --replace to overwrite it")
     with locked(path):
         if replace or not path.exists():
             result = incoming
@@ -299,6 +404,50 @@ def import_(
             how = "merged"
         write_matrix(path, result)
     stderr.print(Text(f"{how}: {source} → {path} ({result.rows_filled:,} rows filled)"))
+    if incoming_store is not None:
+        with locked(target_store):
+            if replace or not target_store.exists():
+                stored = incoming_store
+                how = "replaced" if target_store.exists() else "stored"
+            else:
+                current = _read_store(
+                    target_store, "the stored recycled store is damaged; use --replace to overwrite it"
+                )
+                merged = merge_documents(current.documents, incoming_store.documents, vocab_size, current.meta.capacity)
+                stored = StoreFile(current.meta, merged)
+                how = "merged"
+            write_store(target_store, stored)
+        stderr.print(
+            Text(f"{how}: {store_path(Path(source))} → {target_store} ({len(stored.documents):,} conversations)")
+        )
+
+
+def _read_store(path: Path, what: str) -> StoreFile:
+    try:
+        return read_store(path)
+    except StoreFileError as exc:
+        raise StoreFileError(f"{exc}; {what}") from None
+
+
+def _incoming_store(path: Path, vocab_size: int, fingerprint: str, model_id: str, force: bool) -> StoreFile | None:
+    """The recycled store beside an imported matrix, checked before anything is written."""
+    if not path.exists():
+        return None
+    data = _read_store(path, "nothing was imported")
+    meta = data.meta
+    if meta.vocab_size != vocab_size:
+        raise UserError(
+            f"{path}: store is for a vocabulary of {meta.vocab_size:,}, {model_id} has {vocab_size:,}; "
+            "nothing was imported"
+        )
+    if meta.fingerprint != fingerprint:
+        if not force:
+            raise UserError(
+                f"{path}: written for another tokenizer (fingerprint {meta.fingerprint}, model {meta.model_id}), "
+                "so its ids may mean other tokens; pass --force to import anyway"
+            )
+        data = with_fingerprint(data, fingerprint)  # --force: taken as this tokenizer's, like the matrix
+    return data
 
 
 def _model_and_file(values: list[str], name: str) -> tuple[str | None, str]:
@@ -317,11 +466,11 @@ def list_() -> None:
         stderr.print("no stored matrices yet; they appear after tr generate / chat / bench or tr matrix init")
         return
     table = Table()
-    for column in ("file", "model", "shape", "filled", "updates", "updated", "size"):
+    for column in ("file", "model", "shape", "filled", "updates", "updated", "size", "store"):
         table.add_column(column, overflow="fold")
     for path, data in entries:
         if data is None:
-            table.add_row(Text(path.name), Text("(unreadable)", style="red"), "", "", "", "", "")
+            table.add_row(Text(path.name), Text("(unreadable)", style="red"), "", "", "", "", "", "")
             continue
         meta = data.meta
         table.add_row(
@@ -332,5 +481,17 @@ def list_() -> None:
             f"{meta.update_count:,}",
             iso(meta.updated_us),
             f"{path.stat().st_size / 1e6:.1f} MB",
+            _store_size(path),
         )
     stdout.print(table)
+
+
+def _store_size(matrix_path: Path) -> str:
+    """The size of the recycled store beside a matrix (not read: listing stays quick)."""
+    path = store_path(matrix_path)
+    return _size(path.stat().st_size) if path.exists() else "–"
+
+
+def _size(n: int) -> str:
+    """A store's size: from a few kB (a handful of conversations) to a few MB (full)."""
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"

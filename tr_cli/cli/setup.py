@@ -1,18 +1,20 @@
 """Set-up shared by the decoding commands: open the engine with progress on stderr, show its
-banner and warnings, and save its matrix with a warning (never an error) when that fails."""
+banner and warnings, and save its hot state with a warning (never an error) when that fails."""
 
 from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
 from rich.markup import escape
 
 from ..engine.choices import EngineOptions
 from ..engine.engine import Engine
-from ..store.hot_matrix import HotMatrix
+from ..errors import StoreError
+from ..store.hot_matrix import HotMatrix, Saved
+from ..store.recycled_file import store_path
 from .console import note, stderr, warn
 
 
@@ -45,12 +47,30 @@ def open_engine(options: EngineOptions, matrix: bool = True, decoder: bool = Tru
     return engine
 
 
-def save_matrix(hot: HotMatrix, console: Console = stderr, announce: bool = True) -> None:
-    """Write the matrix back; a failure is a one-line warning, never a lost result."""
+def save_state(engine: Engine, console: Console = stderr, announce: bool = True, end_conversation: bool = True) -> None:
+    """Engine.save (the conversation joins the store, then matrix, store and statistics are
+    written); a failure is a one-line warning, never a lost result. A chat's periodic save passes
+    `end_conversation=False`: the conversation goes on."""
+    if engine.hot is not None:
+        _report(lambda: engine.save(end_conversation), engine.hot, console, announce)
+
+
+def _report(save: Callable[[], Saved], hot: HotMatrix, console: Console, announce: bool) -> None:
     try:
-        rows = hot.save()
+        saved = save()
+    except StoreError as exc:  # names the parts that failed; the others were saved
+        warn(str(exc), console)
+        return
     except Exception as exc:  # noqa: BLE001 - whatever fails, the text and the conversation are kept
         warn(f"could not save the matrix to {hot.path}: {exc}", console)
         return
-    if rows and announce:
-        note(f"matrix: {rows:,} rows saved to {hot.path}", console)
+    if not announce:
+        return
+    if saved.rows:
+        note(f"matrix: {saved.rows:,} rows saved to {hot.path}", console)
+    if saved.documents:
+        conversations = "conversation" if saved.documents == 1 else "conversations"
+        note(
+            f"store: {saved.documents:,} {conversations} ({saved.tokens:,} tokens) saved to {store_path(hot.path)}",
+            console,
+        )

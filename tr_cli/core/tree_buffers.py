@@ -30,32 +30,29 @@ class TreeBuffers:
     def build(cls, spec: TreeSpec, device: torch.device | str = "cpu") -> TreeBuffers:
         n1 = spec.size + 1
         parents = [0] + list(spec.parents[1:])
+        # Root-to-node chains from the parent's chain (parents come first): planned trees change
+        # every step, so this runs per step and stays in plain lists until one tensor fill.
+        chains: list[list[int]] = [[]]
+        for i in range(1, n1):
+            chains.append(chains[parents[i]] + [i])
+        rows = [i for i in range(n1) for _ in range(len(chains[i]) + 1)]
+        cols = [j for i in range(n1) for j in (0, *chains[i])]
         anc = torch.zeros(n1, n1, dtype=torch.bool)
-        for i in range(n1):
-            j = i
-            anc[i, j] = True
-            while j != 0:
-                j = parents[j]
-                anc[i, j] = True
+        anc[rows, cols] = True
         depths = spec.depths
         m1 = n1 - spec.external_size
         levels = []
-        for d in range(1, spec.depth + 1):
-            idx = [i for i in range(1, m1) if depths[i] == d]
-            if idx:
-                levels.append((idx[0], idx[-1] + 1))
+        start = 1
+        while start < m1:
+            end = start
+            while end < m1 and depths[end] == depths[start]:
+                end += 1
+            levels.append((start, end))
+            start = end
         has_child = set(parents[1:])
-        leaves = [i for i in range(1, n1) if i not in has_child]
         pad = n1  # an index past the end, whose "correct" flag is always False
-        rows = []
-        for leaf in leaves:
-            chain = []
-            j = leaf
-            while j != 0:
-                chain.append(j)
-                j = parents[j]
-            chain.reverse()
-            rows.append(chain + [pad] * (spec.depth - len(chain)))
+        leaves = [i for i in range(1, n1) if i not in has_child]
+        rows = [chains[leaf] + [pad] * (spec.depth - len(chains[leaf])) for leaf in leaves]
         leaf_paths = (
             torch.tensor(rows, dtype=torch.long).reshape(len(rows), spec.depth)
             if rows

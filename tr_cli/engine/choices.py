@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.drafters.lookup_chain import DEFAULT_LOOKUP_LENGTH
+from ..core.drafters.conversation_lookup import DEFAULT_LOOKUP_LENGTH
 from ..core.matrix import DEFAULT_K
 from ..core.sampling_config import SamplingRequest
 from ..core.tree import TreeSpec

@@ -10,7 +10,7 @@ from ..core import TokenRecyclingDecoder
 from ..core.sampling_config import SamplingConfig, SamplingRequest, ignored_generation_settings
 from ..models import LoadedModel, load_model
 from ..models.progress import Status, quiet
-from ..store.hot_matrix import HotMatrix
+from ..store.hot_matrix import HotMatrix, Saved
 from ..store.paths import cache_dir
 from .calibration import load_or_calibrate
 from .choices import EngineOptions, TreeChoice
@@ -66,7 +66,9 @@ class Engine:
 
     def make_decoder(self, choice: TreeChoice, fork: bool = False) -> TokenRecyclingDecoder:
         """A decoder for `choice` on the hot matrix, or (`fork`) on a copy of it that is never
-        saved, so that variants neither help one another nor change the store."""
+        saved, so that variants neither help one another nor change the store. A designed tree
+        also drafts from the recycled store (earlier conversations); a fixed tree (`tr:paper`)
+        stays the paper's method."""
         hot = self.hot.fork() if fork else self.hot
         return TokenRecyclingDecoder(
             self.loaded.model,
@@ -77,7 +79,18 @@ class Engine:
             sampling=self.sampling,
             # A designed tree: t(N) read from the calibration cache, or measured with the decoder.
             cost=lambda decoder: load_or_calibrate(decoder, self.loaded.model_id, status=self.status),
+            store=hot.store if choice.spec is None else None,
         )
+
+    def save(self, end_conversation: bool = True) -> Saved:
+        """Write the hot state back (matrix, store, statistics; nothing under --no-save). With
+        `end_conversation` the decoder's conversation ends first, which is what adds it to the
+        store; a periodic save during a chat keeps it going (it joins at a later save)."""
+        if self.hot is None:
+            return Saved()
+        if end_conversation and self.decoder is not None:
+            self.decoder.reset()
+        return self.hot.save()
 
     def banner(self) -> list[str]:
         """What runs, in two lines: the model and how it decodes; the matrix."""

@@ -9,8 +9,7 @@ from pathlib import Path
 import torch
 
 from ..core.design.acceptance_stats import AcceptanceStats
-from .atomic import atomic_write
-from .timestamps import now_us
+from .atomic import atomic_write, move_aside
 
 
 def acceptance_path(matrix_path: Path) -> Path:
@@ -36,6 +35,6 @@ def save_acceptance(matrix_path: Path, stats: AcceptanceStats) -> Path:
         try:
             json.loads(path.read_text())
         except (OSError, ValueError):
-            path.replace(path.with_name(path.name + f".corrupt-{now_us()}"))
+            move_aside(path)
     atomic_write(path, (json.dumps(stats.to_dict()) + "\n").encode())
     return path

@@ -10,6 +10,8 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from .timestamps import now_us
+
 
 def atomic_write(path: Path, payload: bytes) -> None:
     """Temp file in the same directory, fsync, rename over the target, fsync the directory:
@@ -44,3 +46,11 @@ def locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def move_aside(path: Path) -> Path:
+    """Rename an unreadable file to `<name>.corrupt-<us>`: a save never silently overwrites what
+    the user may still want to look at."""
+    target = path.with_name(path.name + f".corrupt-{now_us()}")
+    os.replace(path, target)
+    return target

@@ -2,42 +2,67 @@
 
 Only rows this process changed are written back, merged under the lock onto whatever the file
 holds by then, so two `tr` processes sharing a matrix keep each other's work. The acceptance
-statistics learned with the matrix (which size the designed tree) travel beside it.
+statistics learned with the matrix (which size the designed tree) and the recycled store (the
+token streams of earlier conversations) travel beside it, each in its own file, each merged and
+saved on its own: one that cannot be written does not cost the others.
+
+A new user (no stored matrix at the model's default path) starts from the starter files shipped
+with tr when there are some for the tokenizer (tr_cli/seed/); what they learn is saved to their
+own files at the default path.
 """
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ..core.design.acceptance_stats import AcceptanceStats
-from ..errors import MatrixFileError
-from .acceptance_file import load_acceptance, save_acceptance
-from .atomic import locked
+from ..core.recycled_store import RecycledStore
+from ..errors import MatrixFileError, StoreError, StoreFileError
+from .acceptance_file import acceptance_path, load_acceptance, save_acceptance
+from .atomic import locked, move_aside
 from .matrix_file import (
     MatrixFile,
     MatrixMeta,
     check_compatible,
     default_path,
+    first_line,
     read_matrix,
     tokenizer_fingerprint,
     write_matrix,
 )
+from .paths import seed_dir
+from .recycled_file import check_store_compatible, read_store, save_store, store_path
 from .timestamps import iso, now_us
+
+_YOURS = "move it away, pass another --matrix, or use --cold"
+_SEEDS = "the starter files shipped with tr are damaged; reinstall tr, or use --cold"
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What one save wrote."""
+
+    rows: int = 0  # matrix rows
+    documents: int = 0  # conversations added to the store
+    tokens: int = 0  # their tokens
 
 
 @dataclass
 class HotMatrix:
     path: Path
     matrix: torch.Tensor  # the live matrix on the model's device, updated in place by the decoder
-    state: str  # "hot" (loaded from the store), "new" (no file yet), "cold" (--cold: started empty)
+    # "hot" (loaded from the store), "new" (no file yet), "cold" (--cold: started empty),
+    # "seeded" (no file yet: started from the starter matrix shipped with tr)
+    state: str
     meta: MatrixMeta  # as loaded (or fresh)
     save_enabled: bool
     _saved: torch.Tensor  # CPU copy of the content last loaded or saved
     acceptance: AcceptanceStats  # acceptance by depth and slot, saved beside the file
+    store: RecycledStore  # earlier conversations, saved beside the file
+    seed: Path | None = None  # the starter matrix this one started from ("seeded")
 
     @classmethod
     def open(
@@ -50,43 +75,96 @@ class HotMatrix:
         path: Path | None = None,
         cold: bool = False,
         save: bool = True,
+        seeds: Path | None = None,
     ) -> HotMatrix:
+        """The stored matrix (and its store and statistics) at `path` or the model's default path;
+        at the default path with no file yet, the starter files in `seeds` (default: those
+        shipped with tr) when there are some; with `cold`, empty ones."""
         fingerprint = tokenizer_fingerprint(tokenizer)
-        path = Path(path) if path else default_path(fingerprint, vocab_size, k)
-        fresh = MatrixFile.empty(vocab_size, k, fingerprint, model_id)
-        data, state = fresh, "cold" if cold else "new"
+        explicit = path is not None
+        path = Path(path) if explicit else default_path(fingerprint, vocab_size, k)
+        data, state, seed = MatrixFile.empty(vocab_size, k, fingerprint, model_id), "cold" if cold else "new", None
         if not cold and path.exists():
-            try:
-                data = read_matrix(path)
-            except MatrixFileError as exc:
-                raise MatrixFileError(f"{exc}; move it away, pass another --matrix, or use --cold") from None
-            check_compatible(data.meta, fingerprint, vocab_size, k, path)
-            state = "hot"
+            data, state = _open_matrix(path, fingerprint, vocab_size, k, _YOURS), "hot"
+        elif not cold and not explicit:
+            candidate = (seed_dir() if seeds is None else Path(seeds)) / path.name
+            if candidate.is_file():
+                data, state, seed = _open_matrix(candidate, fingerprint, vocab_size, k, _SEEDS), "seeded", candidate
+                # The user's file names the user's model (the starter may come from another one).
+                data.meta = replace(data.meta, model_id=model_id)
+        loaded = None if cold else _open_store(path, seed, fingerprint, vocab_size)
+        store = loaded if loaded is not None else RecycledStore(vocab_size)
+        if cold:
+            acceptance = AcceptanceStats(k, device)
+        else:
+            own = seed is None or acceptance_path(path).exists()
+            acceptance = load_acceptance(path if own else seed, k, device)
         matrix = data.matrix.to(device)
-        acceptance = load_acceptance(path, k, device) if not cold else AcceptanceStats(k, device)
-        return cls(path, matrix, state, data.meta, save, data.matrix.clone(), acceptance)
+        return cls(path, matrix, state, data.meta, save, data.matrix.clone(), acceptance, store, seed)
 
     def fork(self) -> HotMatrix:
         """A copy to decode with that is never saved (bench variants learn on their own copies)."""
-        return replace(self, matrix=self.matrix.clone(), acceptance=self.acceptance.copy(), save_enabled=False)
+        return replace(
+            self,
+            matrix=self.matrix.clone(),
+            acceptance=self.acceptance.copy(),
+            store=self.store.copy(),
+            save_enabled=False,
+        )
 
     @property
     def start_update_count(self) -> int:
-        return self.meta.update_count if self.state == "hot" else 0
+        return self.meta.update_count if self.state in ("hot", "seeded") else 0
 
     def describe(self) -> str:
         if self.state == "hot":
-            return f"hot matrix ({self.meta.update_count:,} row updates, last {iso(self.meta.updated_us)}) {self.path}"
-        if self.state == "cold":
-            return "cold matrix (--cold: started empty)" + ("" if self.save_enabled else ", not saved")
-        return f"new matrix (nothing stored yet) {self.path}"
+            text = f"hot matrix ({self.meta.update_count:,} row updates, last {iso(self.meta.updated_us)}) {self.path}"
+        elif self.state == "seeded":
+            where = f"saved as yours to {self.path}" if self.save_enabled else "not saved"
+            text = f"starter matrix shipped with tr ({self.meta.update_count:,} row updates), {where}"
+        elif self.state == "cold":
+            text = "cold matrix (--cold: started empty)" + ("" if self.save_enabled else ", not saved")
+        else:
+            text = f"new matrix (nothing stored yet) {self.path}"
+        count = len(self.store.documents)
+        if count:
+            text += (
+                f" + store of {self.store.total_tokens:,} tokens in {count:,} conversation{'' if count == 1 else 's'}"
+            )
+        return text
 
-    def save(self) -> int:
-        """Merge this session's changed rows into the file; returns how many rows were written."""
+    def save(self) -> Saved:
+        """Merge this session's changed rows into the matrix file, its new conversations into the
+        store file and its statistics beside them. Each part is tried whatever happened to the
+        others; a StoreError after all of them names those that failed."""
         if not self.save_enabled:
-            return 0
+            return Saved()
+        failures: list[str] = []
+        rows = documents = tokens = 0
         if self.acceptance.observed_steps:
-            save_acceptance(self.path, self.acceptance)
+            try:
+                save_acceptance(self.path, self.acceptance)
+            except Exception as exc:  # noqa: BLE001 - one part failing must not cost the others
+                failures.append(f"acceptance statistics to {acceptance_path(self.path)} ({first_line(exc)})")
+        try:
+            rows = self._save_matrix()
+        except Exception as exc:  # noqa: BLE001 - one part failing must not cost the others
+            failures.append(f"matrix to {self.path} ({first_line(exc)})")
+        if self.store.added:
+            target = store_path(self.path)
+            fallback = store_path(self.seed) if self.seed else None
+            pending = list(self.store.added)
+            try:
+                save_store(target, self.store, self.meta.fingerprint, self.meta.model_id, fallback=fallback)
+                documents, tokens = len(pending), sum(doc.tokens.numel() for doc in pending)
+            except Exception as exc:  # noqa: BLE001 - one part failing must not cost the others
+                failures.append(f"store to {target} ({first_line(exc)})")
+        if failures:
+            raise StoreError(f"could not save the {'; the '.join(failures)}")
+        return Saved(rows, documents, tokens)
+
+    def _save_matrix(self) -> int:
+        """Rows changed since the last load or save, merged onto the file; how many."""
         current = self.matrix.detach().to("cpu")
         changed = (current != self._saved).any(dim=1)
         count = int(changed.sum())
@@ -98,8 +176,9 @@ class HotMatrix:
                 try:
                     base = read_matrix(self.path)
                 except MatrixFileError:
-                    # Keep the unreadable file for the user rather than overwrite it silently.
-                    shutil.move(self.path, self.path.with_name(self.path.name + f".corrupt-{now_us()}"))
+                    move_aside(self.path)  # kept for the user rather than overwritten silently
+            elif self.seed is not None:
+                base = read_matrix(self.seed)  # the user's first file: the starter plus what changed
             t = now_us()
             base.matrix[changed] = current[changed]
             base.stamps[changed] = t
@@ -109,3 +188,25 @@ class HotMatrix:
             write_matrix(self.path, base)
         self._saved = current.clone()
         return count
+
+
+def _open_matrix(path: Path, fingerprint: str, vocab_size: int, k: int, advice: str) -> MatrixFile:
+    try:
+        data = read_matrix(path)
+    except MatrixFileError as exc:
+        raise MatrixFileError(f"{exc}; {advice}") from None
+    check_compatible(data.meta, fingerprint, vocab_size, k, path)
+    return data
+
+
+def _open_store(path: Path, seed: Path | None, fingerprint: str, vocab_size: int) -> RecycledStore | None:
+    """The store beside the matrix at `path`, else the one beside the starter matrix; None: neither."""
+    for source, advice in ((store_path(path), _YOURS), (store_path(seed) if seed else None, _SEEDS)):
+        if source is not None and source.exists():
+            try:
+                data = read_store(source)
+            except StoreFileError as exc:
+                raise StoreFileError(f"{exc}; {advice}") from None
+            check_store_compatible(data.meta, fingerprint, vocab_size, source)
+            return data.to_store()
+    return None

@@ -25,6 +25,7 @@ from .timestamps import now_us
 
 FORMAT_VERSION = 1
 SUFFIX = ".safetensors"
+STORE_SUFFIX = ".store" + SUFFIX  # the recycled store kept beside a matrix (recycled_file.py)
 _MATRIX, _STAMPS = "matrix", "row_stamps"
 
 
@@ -41,6 +42,11 @@ def tokenizer_fingerprint(tokenizer) -> str:
     specials = {name: str(value) for name, value in sorted(getattr(tokenizer, "special_tokens_map", {}).items())}
     digest.update(json.dumps(specials, sort_keys=True).encode())
     return digest.hexdigest()[:16]
+
+
+def is_matrix_name(path: Path) -> bool:
+    """Whether a file in the matrices directory is a matrix (not the store kept beside one)."""
+    return path.name.endswith(SUFFIX) and not path.name.endswith(STORE_SUFFIX)
 
 
 def default_path(fingerprint: str, vocab_size: int, k: int) -> Path:
@@ -102,6 +108,11 @@ class MatrixFile:
         return MatrixFile(matrix, stamps, meta)
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception as a short reason inside a one-line message."""
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def read_matrix(path: Path) -> MatrixFile:
     """Load and validate a matrix file; MatrixFileError (one line) for anything unusable."""
     from safetensors import SafetensorError, safe_open
@@ -120,8 +131,7 @@ def read_matrix(path: Path) -> MatrixFile:
             matrix = f.get_tensor(_MATRIX)
             stamps = f.get_tensor(_STAMPS)
     except (SafetensorError, ValueError, OSError, RuntimeError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise MatrixFileError(f"{path}: not a valid tr matrix file ({reason})") from None
+        raise MatrixFileError(f"{path}: not a valid tr matrix file ({first_line(exc)})") from None
     if meta.format_version > FORMAT_VERSION:
         raise MatrixFileError(
             f"{path}: matrix format {meta.format_version} is newer than this tr understands; upgrade tr"
@@ -158,7 +168,7 @@ def copy_matrix_file(source: Path, target: Path) -> MatrixFile:
 def list_matrices() -> list[tuple[Path, MatrixFile | None]]:
     """Every stored matrix, newest first; unreadable files are listed with None."""
     out: list[tuple[Path, MatrixFile | None]] = []
-    for path in sorted(matrices_dir().glob(f"*{SUFFIX}")):
+    for path in sorted(p for p in matrices_dir().glob(f"*{SUFFIX}") if is_matrix_name(p)):
         try:
             out.append((path, read_matrix(path)))
         except MatrixFileError:
@@ -173,8 +183,13 @@ def check_compatible(meta: MatrixMeta, fingerprint: str, vocab_size: int, k: int
             f"{path}: matrix is {meta.vocab_size}x{meta.k} but this model needs {vocab_size}x{k}; "
             "use the model's own matrix or --cold"
         )
-    if meta.fingerprint != fingerprint:
+    check_fingerprint("matrix", meta.fingerprint, meta.model_id, fingerprint, path)
+
+
+def check_fingerprint(what: str, found: str, model_id: str, fingerprint: str, path: Path) -> None:
+    """Stored token ids (a matrix's, a store's) mean the same tokens only under the same tokenizer."""
+    if found != fingerprint:
         raise StoreError(
-            f"{path}: matrix belongs to another tokenizer (fingerprint {meta.fingerprint}, model {meta.model_id}); "
+            f"{path}: {what} belongs to another tokenizer (fingerprint {found}, model {model_id}); "
             "its token ids mean other tokens here; use the model's own matrix or --cold"
         )

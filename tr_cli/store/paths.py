@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
 import platformdirs
@@ -25,3 +26,8 @@ def cache_dir() -> Path:
     """Rebuildable state: converted GGUF checkpoints."""
     home = _home()
     return home / "cache" if home else Path(platformdirs.user_cache_dir(APP))
+
+
+def seed_dir() -> Path:
+    """Starter state shipped with tr (tr_cli/seed/): read-only, for tokenizers with no matrix yet."""
+    return Path(str(resources.files("tr_cli.seed")))

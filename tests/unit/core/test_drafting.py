@@ -79,7 +79,7 @@ def test_a_plugged_in_source_drafts_and_learns(model):
     assert oracle.proposals > 0
     # Alone under the root, its nodes are 1..4 of the merged tree, and all of them are right.
     drafted = [(p, c) for p, c in oracle.learned if p is not None]
-    assert drafted and all((p.start, p.end) == (1, 5) and all(c) for p, c in drafted)
+    assert drafted and all(p.nodes == (1, 2, 3, 4) and all(c) for p, c in drafted)
     # Whole chains accepted: 4 drafted + the bonus per step where it drafted.
     assert result.stats.mean_accepted_tokens > 3
     # The matrix learns from every verified node, the plugged-in source's too.
@@ -94,12 +94,13 @@ def test_wrong_drafts_beside_the_matrix_tree_change_nothing_but_speed(model):
     decoder = TokenRecyclingDecoder(model, tree=small, lookup_length=3, drafters=[oracle])
     result = decoder.generate(ids, StopCondition.build(40, [EOS]), keep_events=True)
     assert result.tokens == expected
-    # Placed after the matrix tree (3 nodes) and, when it matched, the lookup chain (3 nodes).
-    starts = {p.start for p, _ in oracle.learned if p is not None}
-    assert starts <= {4, 7} and starts
+    # Placed after the matrix tree (3 nodes) and, when it matched, the lookup chain (1 to 3 nodes).
+    starts = {p.nodes[0] for p, _ in oracle.learned if p is not None}
+    assert starts <= {4, 5, 6, 7} and starts
     assert any(c is not None and not all(c) for _, c in oracle.learned)  # spoiled tokens are seen as wrong
     trees = {e.tree.name for e in result.events if e.tree is not None}
-    assert trees <= {"small", "small+oracle5", "small+lookup3", "small+lookup3+oracle5"}
+    lookups = {f"+lookup{n}" for n in (1, 2, 3)} | {""}
+    assert trees <= {f"small{lookup}{oracle}" for lookup in lookups for oracle in ("", "+oracle5")}
 
 
 def test_tree_buffers_stay_bounded_while_the_tree_is_redesigned(model):
@@ -111,7 +112,7 @@ def test_tree_buffers_stay_bounded_while_the_tree_is_redesigned(model):
     for seed in range(4):
         decoder.reset()
         decoder.generate(random_prompt(8, seed), StopCondition.build(40, [EOS]))
-    assert len(decoder._merger._merged) <= decoder._merger._merged.size
+    assert len(decoder._planner._buffers) <= decoder._planner._buffers.size
     assert len(decoder.matrix_tree._buffers) <= decoder.matrix_tree._buffers.size
 
 

@@ -1,5 +1,6 @@
 """Device fitting state on disk: t(N) calibrations cached per device and model, acceptance
-statistics kept beside their matrix, and the decoder built for a --tree choice."""
+statistics kept beside their matrix, the decoder built for a --tree choice, and the engine's save
+(the conversation joins the recycled store)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import torch
 from tr_cli.core import PRESETS, TokenRecyclingDecoder
 from tr_cli.core.design.acceptance_stats import AcceptanceStats
 from tr_cli.core.design.cost_model import CALIBRATION_SIZES
-from tr_cli.core.drafters.lookup_chain import DEFAULT_LOOKUP_LENGTH
+from tr_cli.core.drafters import ConversationLookupDrafter, MatrixTreeDrafter, StoreLookupDrafter
+from tr_cli.core.drafters.conversation_lookup import DEFAULT_LOOKUP_LENGTH
 from tr_cli.engine.calibration import load_or_calibrate
 from tr_cli.engine.choices import EngineOptions, TreeChoice
 from tr_cli.engine.engine import Engine
 from tr_cli.store.acceptance_file import acceptance_path, load_acceptance, save_acceptance
+from tr_cli.store.hot_matrix import Saved
+from tr_cli.store.recycled_file import read_store, store_path
 
 from tiny_models import tiny_model
 
@@ -94,12 +98,45 @@ def test_calibration_leaves_the_conversation_cache_alone(home):
     assert decoder.cached_length == length and decoder.tokens == tokens
 
 
-def test_engine_designs_a_tree_for_auto(home, tiny_llama_dir):
+def test_engine_designs_a_tree_for_auto_that_drafts_from_the_store(home, tiny_llama_dir):
+    from tr_cli.core import StopCondition
+
     options = EngineOptions(model=str(tiny_llama_dir), device="cpu", dtype="float32", tree=TreeChoice.of(None, None))
     engine = Engine.open(options)
     auto = engine.decoder
     assert auto.designed and auto.tree.name.startswith("auto")
-    assert auto.describe().endswith(f"+ lookup chain {DEFAULT_LOOKUP_LENGTH}")
+    assert [type(d) for d in auto.drafters] == [MatrixTreeDrafter, ConversationLookupDrafter, StoreLookupDrafter]
+    assert auto.drafters[-1].store is engine.hot.store
     fixed = engine.make_decoder(TreeChoice.of(PRESETS["paper"], None), fork=True)
-    assert not fixed.designed and fixed.tree == PRESETS["paper"] and len(fixed.drafters) == 1
+    assert not fixed.designed and fixed.tree == PRESETS["paper"] and len(fixed.drafters) == 1  # the paper's method
     assert fixed.matrix is not auto.matrix and torch.equal(fixed.matrix, auto.matrix)  # a copy, never saved
+    forked = engine.make_decoder(TreeChoice.of(None, 0), fork=True)
+    assert forked.drafters[-1].store is not engine.hot.store  # a fork's conversations stay its own
+
+    started = len(engine.hot.store.documents)  # the starter's, for this (SmolLM2's) tokenizer
+    prompt = engine.loaded.tokenizer.encode("The cat sat on the mat and then the cat")
+    auto.generate(prompt, StopCondition.build(6, []))
+    conversation = list(auto.tokens)
+    # A periodic save (a chat going on) keeps the conversation in the decoder.
+    periodic = engine.save(end_conversation=False)
+    assert periodic.documents == 0 and auto.tokens == conversation
+    saved = engine.save()
+    assert saved.documents == 1 and saved.tokens == len(conversation) and auto.tokens == []
+    stored = read_store(store_path(engine.hot.path))
+    assert [doc.tokens.tolist() for doc in stored.documents[started:]] == [conversation]
+    assert engine.save() == Saved()  # nothing new
+
+
+def test_no_save_and_a_fixed_tree_leave_the_store_alone(home, tiny_llama_dir):
+    from tr_cli.core import StopCondition
+
+    options = EngineOptions(
+        model=str(tiny_llama_dir), device="cpu", dtype="float32", tree=TreeChoice.of(PRESETS["paper"], None), save=False
+    )
+    engine = Engine.open(options)
+    assert len(engine.decoder.drafters) == 1
+    engine.decoder.generate(
+        engine.loaded.tokenizer.encode("Hello there, how are you today?"), StopCondition.build(4, [])
+    )
+    assert engine.save() == Saved()
+    assert not engine.hot.path.exists() and not store_path(engine.hot.path).exists()

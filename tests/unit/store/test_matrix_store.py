@@ -120,7 +120,7 @@ def test_hot_matrix_saves_only_changed_rows_merged(tmp_path):
     first = HotMatrix.open(tok, VOCAB, "m", k=K, path=path)
     assert first.state == "new"
     first.matrix[5] = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
-    assert first.save() == 1
+    assert first.save().rows == 1
     # A second session loads it hot, and a third writer changes another row meanwhile.
     second = HotMatrix.open(tok, VOCAB, "m", k=K, path=path)
     assert second.state == "hot" and second.matrix[5].tolist() == [1, 2, 3, 4]
@@ -128,7 +128,7 @@ def test_hot_matrix_saves_only_changed_rows_merged(tmp_path):
     third.matrix[9] = 7
     third.save()
     second.matrix[6] = 8
-    assert second.save() == 1
+    assert second.save().rows == 1
     final = read_matrix(path)
     assert final.matrix[5].tolist() == [1, 2, 3, 4]
     assert final.matrix[9].tolist() == [7] * K and final.matrix[6].tolist() == [8] * K
@@ -154,7 +154,7 @@ def test_cold_and_no_save(tmp_path):
     cold = HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=path, cold=True, save=False)
     assert cold.state == "cold" and not cold.matrix.any()
     cold.matrix[4] = 4
-    assert cold.save() == 0
+    assert cold.save().rows == 0
     assert read_matrix(path).matrix[4].tolist() == [0] * K
 
 

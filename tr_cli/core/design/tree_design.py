@@ -14,17 +14,18 @@ import heapq
 from dataclasses import dataclass
 
 from ..tree import TreeSpec
-from .acceptance_stats import AcceptanceStats
+from .acceptance_stats import CONTEXTS, NEUTRAL_CONTEXT, AcceptanceStats
 from .cost_model import CostModel
 
 MAX_NODES = 128
+CANDIDATE_MARGIN = 8  # matrix nodes offered to a per-step planner beyond the tree designed alone
 
 
 @dataclass(frozen=True)
 class TreeDesign:
     spec: TreeSpec
     expected_tokens: float  # per step, counting the bonus token
-    step_seconds: float  # t(N + 1 + extra)
+    step_seconds: float  # t(N + 1)
 
     @property
     def tokens_per_second(self) -> float:
@@ -58,13 +59,9 @@ def design_tree(
     cost: CostModel,
     k: int,
     max_nodes: int = MAX_NODES,
-    extra_nodes: int = 0,
     name: str = "auto",
 ) -> TreeDesign:
-    """The tree of at most `max_nodes` draft nodes with the highest expected tokens per second.
-
-    `extra_nodes` are verified beside the tree every step (a lookup chain) and only add cost.
-    """
+    """The tree of at most `max_nodes` draft nodes with the highest expected tokens per second."""
     if max_nodes < 1:
         raise ValueError("design_tree: max_nodes must be at least 1")
     ranked = best_paths(p, k, max_nodes)
@@ -74,18 +71,35 @@ def design_tree(
     best_expected = 1.0
     for n, (prob, _) in enumerate(ranked, start=1):
         expected += prob
-        rate = expected / cost.time(n + 1 + extra_nodes)
+        rate = expected / cost.time(n + 1)
         if rate > best_rate:
             best_n, best_rate, best_expected = n, rate, expected
     spec = TreeSpec.from_paths(f"{name}{best_n}", [list(path) for _, path in ranked[:best_n]])
-    return TreeDesign(spec, best_expected, cost.time(best_n + 1 + extra_nodes))
+    return TreeDesign(spec, best_expected, cost.time(best_n + 1))
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """The matrix nodes a planner may choose from, with each one's path probability."""
+
+    spec: TreeSpec
+    probabilities: tuple[float, ...]  # per node 1..n of spec
+
+
+def candidates(p: list[list[float]], k: int, count: int) -> Candidates:
+    """The `count` likeliest matrix paths as one tree (level order) and their probabilities."""
+    ranked = best_paths(p, k, count) or [(0.0, (0,))]
+    spec = TreeSpec.from_paths(f"cand{len(ranked)}", [list(path) for _, path in ranked])
+    prob = {path: q for q, path in ranked}
+    return Candidates(spec, tuple(prob[tuple(path)] for path in spec.paths()))
 
 
 class AutoTree:
     """The designed tree of one decoder, redesigned every `every` steps from live statistics.
 
     A redesign that lands on the same shape returns an equal spec, which hits the drafter's cached
-    buffers.
+    buffers. `candidates[c]` offers a planner, for a step drafted in context c (see
+    acceptance_stats), that context's designed tree and a few more nodes, priced.
     """
 
     def __init__(
@@ -95,19 +109,23 @@ class AutoTree:
         k: int,
         max_nodes: int = MAX_NODES,
         every: int = 32,
-        extra_nodes: int = 0,
     ) -> None:
         self.acceptance = acceptance
         self.cost = cost
         self.k = k
         self.max_nodes = max_nodes
         self.every = every
-        self.extra_nodes = extra_nodes
         self._steps = 0
-        self.design = self._design()
+        self._redesign()
 
-    def _design(self) -> TreeDesign:
-        return design_tree(self.acceptance.probabilities(), self.cost, self.k, self.max_nodes, self.extra_nodes)
+    def _redesign(self) -> None:
+        self.candidates: list[Candidates] = []
+        for context in range(CONTEXTS):
+            p = self.acceptance.probabilities(context)
+            design = design_tree(p, self.cost, self.k, self.max_nodes)
+            self.candidates.append(candidates(p, self.k, min(self.max_nodes, design.spec.size + CANDIDATE_MARGIN)))
+            if context == NEUTRAL_CONTEXT:
+                self.design = design  # the one banners show
 
     @property
     def spec(self) -> TreeSpec:
@@ -121,5 +139,5 @@ class AutoTree:
     def after_step(self) -> TreeSpec:
         self._steps += 1
         if self._steps % self.every == 0:
-            self.design = self._design()
+            self._redesign()
         return self.design.spec

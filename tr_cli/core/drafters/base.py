@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -28,6 +29,9 @@ class Draft:
     spec: TreeSpec  # its shape: node 0 is the shared root, nodes 1..n its drafts (n >= 1)
     tokens: torch.Tensor  # (n+1,) long on the decoder's device: the root's token, then nodes 1..n
     buffers: TreeBuffers | None = None  # the drafter's own buffers of `spec`, if it has them (reused)
+    # Per node 1..n, the estimated chance that it is right together with its whole path: what a
+    # planner weighs against the cost of verifying it. None: not priced (always verified whole).
+    probabilities: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -39,19 +43,33 @@ class Verification:
     correct: torch.Tensor | None  # (N+1,) bool: node's token is what the model chose after its parent
     tree: TreeBuffers | None  # the merged tree's buffers; None at the prefill
 
+    @cached_property
+    def right_paths(self) -> list[bool]:
+        """Per merged node, whether it and all its ancestors are right (the root is); on the host."""
+        wrong = ~self.correct
+        wrong[0] = False
+        return (~(self.tree.ancestor_mask & wrong[None, :]).any(dim=1)).tolist()
+
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a drafter's nodes sit in the merged tree: its node i > 0 is merged node start + i - 1."""
+    """Where a drafter's nodes sit in the merged tree: its node i > 0 is merged node nodes[i - 1],
+    or -1 where a planner left it out (a placed node's parent is always placed)."""
 
-    start: int
-    end: int  # one past its last node
+    nodes: tuple[int, ...]
+
+    @classmethod
+    def contiguous(cls, start: int, count: int) -> Placement:
+        return cls(tuple(range(start, start + count)))
+
+    def merged(self, node: int) -> int:
+        """The merged index of the drafter's node (0, the root, stays 0)."""
+        return 0 if node == 0 else self.nodes[node - 1]
 
     def select(self, values: torch.Tensor) -> torch.Tensor:
-        """The entries of the root and of this drafter's nodes, in the drafter's own node order."""
-        if self.start == 1:
-            return values[: self.end]
-        return torch.cat([values[:1], values[self.start : self.end]])
+        """The entries of the root and of this drafter's placed nodes, in its own node order."""
+        index = [0, *(m for m in self.nodes if m >= 0)]
+        return values[torch.tensor(index, dtype=torch.long, device=values.device)]
 
 
 class Drafter(ABC):

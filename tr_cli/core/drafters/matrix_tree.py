@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 
 from ..bounded_cache import BoundedCache
-from ..design.acceptance_stats import AcceptanceStats
+from ..design.acceptance_stats import NEUTRAL_CONTEXT, AcceptanceStats, context_of
 from ..design.cost_model import CostModel
 from ..design.tree_design import AutoTree
 from ..errors import InvalidTree
-from ..matrix import update_rows
+from ..matrix import filled_rows, update_rows
 from ..tree import PRESETS, TreeSpec
 from ..tree_buffers import TreeBuffers
 from .base import Draft, Drafter, Placement, Verification
@@ -58,30 +58,56 @@ class MatrixTreeDrafter(Drafter):
         self.auto: AutoTree | None = None
         self.learns_from_prefill = seed_from_prompt
         self._buffers: BoundedCache[TreeBuffers] = BoundedCache()
-        self._proposed: TreeBuffers | None = None
+        # Rows that hold candidates: a node under an empty row drafts a placeholder, worth nothing.
+        self._filled = filled_rows(matrix)
+        self.context = NEUTRAL_CONTEXT  # of the next step: how many drafts the last one accepted
 
-    def design_for(self, cost: CostModel, extra_nodes: int = 0) -> None:
-        """Draft trees designed for this cost model from the acceptance statistics, redesigned as
-        they come in; `extra_nodes` (other drafters' nodes) are verified beside the tree."""
-        self.auto = AutoTree(self.acceptance, cost, self.k, extra_nodes=extra_nodes)
+    def design_for(self, cost: CostModel) -> None:
+        """Offer priced candidates for trees designed for this cost model from the acceptance
+        statistics, redesigned as they come in (a planner picks the nodes per step)."""
+        self.auto = AutoTree(self.acceptance, cost, self.k)
         self.spec = self.auto.spec
 
     def propose(self, root: int) -> Draft | None:
-        spec = self.spec
+        offer = self.auto.candidates[self.context] if self.auto is not None else None
+        spec = offer.spec if offer is not None else self.spec
         if len(spec.parents) == 1:  # no nodes
-            self._proposed = None
             return None
-        buffers = self._proposed = self._buffers.get(spec, lambda: TreeBuffers.build(spec, self.matrix.device))
-        return Draft(spec, draft_tree(self.matrix, root, buffers), buffers)
+        buffers = self._buffers.get(spec, lambda: TreeBuffers.build(spec, self.matrix.device))
+        tokens = draft_tree(self.matrix, root, buffers)
+        if offer is None:
+            return Draft(spec, tokens, buffers)
+        return Draft(spec, tokens, buffers, self._priced(offer.probabilities, spec, tokens, buffers))
+
+    def _priced(
+        self, probabilities: tuple[float, ...], spec: TreeSpec, tokens: torch.Tensor, buffers: TreeBuffers
+    ) -> tuple[float, ...]:
+        """The statistics' path probabilities, zero below any row that was never filled (a cold
+        matrix drafts placeholders until the conversation fills it)."""
+        under_filled = self._filled[tokens[buffers.parents]].tolist()
+        ok = [True]
+        for i in range(1, spec.size + 1):
+            ok.append(ok[spec.parents[i]] and under_filled[i])
+        if all(ok):
+            return probabilities
+        return tuple(p if ok[i] else 0.0 for i, p in enumerate(probabilities, start=1))
 
     def learn(self, verification: Verification, placement: Placement | None) -> None:
         update_rows(self.matrix, verification.tokens, verification.candidates)
+        self._filled[verification.tokens] = True
         if verification.tree is None:  # the prefill: no tree was drafted
+            self.context = NEUTRAL_CONTEXT
             return
-        if placement is not None and verification.correct is not None and self._proposed is not None:
-            self.acceptance.record(self._proposed, placement.select(verification.correct))
+        if placement is not None and verification.correct is not None:
+            # The merged tree's matrix nodes are this drafter's verified ones, with their slots.
+            self.acceptance.record(verification.tree, verification.correct, self.context)
+        if verification.correct is not None:
+            self.context = context_of(sum(verification.right_paths) - 1)
         if self.auto is not None:
             self.spec = self.auto.after_step()
+
+    def reset(self) -> None:
+        self.context = NEUTRAL_CONTEXT
 
     @property
     def max_nodes(self) -> int:

@@ -24,7 +24,7 @@ class DraftMerger:
         specs = [draft.spec for draft in drafts]
         placements, start = [], 1
         for part in specs:
-            placements.append(Placement(start, start + part.size))
+            placements.append(Placement.contiguous(start, part.size))
             start += part.size
         if len(drafts) == 1 and drafts[0].buffers is not None:
             return drafts[0].buffers, tuple(placements)  # alone under the root: its own tree

@@ -1,15 +1,18 @@
-"""Prompt lookup's index: the tokens that followed an earlier occurrence of the context's tail."""
+"""Prompt lookup's index: the tokens that followed earlier occurrences of the context's tail."""
 
 from __future__ import annotations
 
-DEFAULT_NGRAM = 3
+from .continuation_tree import Continuation
+
+DEFAULT_NGRAM = 4
+RECENT_ENDS = 4  # occurrences kept per n-gram: the latest ones, each a candidate continuation
 
 
 class PromptLookup:
     """An n-gram index over one conversation's tokens, updated as tokens arrive (O(n) per token).
 
-    For each n-gram the index keeps the end position of its latest occurrence that already has a
-    following token, so a proposal is always a true continuation seen earlier in the conversation.
+    For each n-gram the index keeps the end positions of its latest occurrences that already have
+    a following token, so a proposal is always a true continuation seen earlier in the conversation.
     """
 
     def __init__(self, max_ngram: int = DEFAULT_NGRAM, min_ngram: int = 1) -> None:
@@ -18,7 +21,7 @@ class PromptLookup:
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.tokens: list[int] = []
-        self._last_end: dict[tuple[int, ...], int] = {}
+        self._ends: dict[tuple[int, ...], list[int]] = {}
 
     def extend(self, tokens: list[int]) -> None:
         for token in tokens:
@@ -27,14 +30,27 @@ class PromptLookup:
             for n in range(self.min_ngram, self.max_ngram + 1):
                 if end - n + 1 < 0:
                     break
-                self._last_end[tuple(self.tokens[end - n + 1 : end + 1])] = end
+                ends = self._ends.setdefault(tuple(self.tokens[end - n + 1 : end + 1]), [])
+                ends.append(end)
+                if len(ends) > RECENT_ENDS:
+                    del ends[0]
             self.tokens.append(token)
 
-    def propose(self, max_tokens: int) -> list[int]:
-        """Up to `max_tokens` tokens that followed the longest earlier match of the tail; [] if none."""
+    def continuations(self, max_tokens: int, limit: int) -> list[Continuation]:
+        """Up to `limit` continuations of the tail, longest match first, then the most recent."""
         size = len(self.tokens)
+        out: list[Continuation] = []
+        used: set[int] = set()
         for n in range(min(self.max_ngram, size), self.min_ngram - 1, -1):
-            end = self._last_end.get(tuple(self.tokens[size - n :]))
-            if end is not None:
-                return self.tokens[end + 1 : end + 1 + max_tokens]
-        return []
+            for end in reversed(self._ends.get(tuple(self.tokens[size - n :]), ())):
+                if end not in used:
+                    used.add(end)
+                    out.append(Continuation(n, tuple(self.tokens[end + 1 : end + 1 + max_tokens])))
+                    if len(out) == limit:
+                        return out
+        return out
+
+    def propose(self, max_tokens: int) -> list[int]:
+        """Up to `max_tokens` tokens that followed the longest, latest match of the tail; [] if none."""
+        found = self.continuations(max_tokens, 1)
+        return list(found[0].tokens) if found else []

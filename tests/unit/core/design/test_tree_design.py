@@ -101,17 +101,19 @@ def test_statistics_count_trials_only_where_the_path_was_right():
     stats = AcceptanceStats(k=2, max_depth=3)
     # Node 1 right, node 2 wrong; under node 1: node 3 wrong, node 4 right; node 5 (under 2) right.
     correct = torch.tensor([True, True, False, False, True, True])
-    stats.record(buffers, correct)
+    stats.record(buffers, correct, context=2)  # drafted after a step that accepted 2+
     table = stats.to_dict()
-    assert table["trials"][0] == [1, 1]  # both depth-1 nodes tried
-    assert table["hits"][0] == [1, 0]
-    assert table["trials"][1] == [1, 1]  # node 3 and 4 (parent right); node 5's parent was wrong
-    assert table["hits"][1] == [0, 1]
+    assert table["trials"][2][0] == [1, 1]  # both depth-1 nodes tried
+    assert table["hits"][2][0] == [1, 0]
+    assert table["trials"][2][1] == [1, 1]  # node 3 and 4 (parent right); node 5's parent was wrong
+    assert table["hits"][2][1] == [0, 1]
+    assert table["trials"][0] == table["trials"][1] == [[0, 0]] * 3  # other contexts untouched
     assert stats.observed_steps == 1
-    # Probabilities move from the prior toward the counts.
-    before = AcceptanceStats(k=2, max_depth=3).probabilities()
-    after = stats.probabilities()
+    # Probabilities of that context move from the prior toward the counts; the others stay.
+    before = AcceptanceStats(k=2, max_depth=3).probabilities(2)
+    after = stats.probabilities(2)
     assert after[0][0] > before[0][0] and after[0][1] < before[0][1]
+    assert stats.probabilities(0) == before
 
 
 def test_statistics_round_trip_and_reject_bad_tables():
@@ -122,8 +124,13 @@ def test_statistics_round_trip_and_reject_bad_tables():
     assert again.to_dict() == stats.to_dict()
     with pytest.raises(ValueError):
         again.load_dict({"k": 3, "hits": [], "trials": []})
+    # A table saved before contexts existed counts for each context.
+    assert again.to_dict()["trials"] == [[[10, 10], [4, 1]]] * 3
     with pytest.raises(ValueError):
         again.load_dict({"k": 2, "hits": [[5, 0]], "trials": [[4, 0]]})  # more hits than trials
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            again.load_dict({"k": 2, "hits": [[1, 0]], "trials": [[bad, 0]]})
 
 
 def test_auto_tree_redesigns_from_new_statistics():

@@ -1,11 +1,13 @@
-"""The prompt-lookup chain: n-gram index proposals, trees carrying a chain, drafting and verifying it."""
+"""Prompt lookup: n-gram index proposals (one or several continuations), trees carrying its nodes,
+drafting and verifying them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tr_cli.core.drafters import DraftMerger, LookupChainDrafter, MatrixTreeDrafter, draft_tree
+from tr_cli.core.drafters import ConversationLookupDrafter, DraftMerger, MatrixTreeDrafter, draft_tree
+from tr_cli.core.drafters.continuation_tree import Continuation, fold
 from tr_cli.core.drafters.prompt_lookup import PromptLookup
 from tr_cli.core.tree import EXTERNAL, PRESETS, TreeSpec
 from tr_cli.core.tree_buffers import TreeBuffers
@@ -88,29 +90,68 @@ def test_buffers_keep_matrix_levels_and_the_chain_apart():
     assert buffers.leaf_paths.tolist()[-1] == [5, 6, 7]
 
 
-def test_chain_drafter_takes_the_lookup_then_the_matrix():
-    matrix = torch.arange(40 * 8, dtype=torch.int32).view(40, 8) % 40
-    drafter = LookupChainDrafter(4, matrix)
-    assert drafter.propose(3) is None  # nothing seen yet: no chain
-    drafter.extend([3, 11, 12, 3])
+def test_several_continuations_longest_match_first_then_latest():
+    #      0  1  2  3  4  5  6  7  8  9 10 11 12
+    seq = [1, 2, 3, 4, 9, 2, 3, 5, 7, 3, 6, 2, 3]
+    found = lookup_over(seq, max_ngram=3).continuations(2, limit=4)
+    # (2, 3) ended at 2 and 6: the latest first; then the unigram (3) at 9 (2 and 6 already taken).
+    assert found == [Continuation(2, (5, 7)), Continuation(2, (4, 9)), Continuation(1, (6, 2))]
+    assert lookup_over(seq, max_ngram=3).continuations(2, limit=1) == found[:1]
+
+
+def test_folded_continuations_branch_on_distinct_first_tokens():
+    tree = fold(
+        [Continuation(3, (5, 6, 7)), Continuation(3, (5, 6, 8)), Continuation(2, (9, 1)), Continuation(1, (5, 2))],
+        max_nodes=5,
+    )
+    # Root children 5 (3 of 4 continuations) and 9; under 5: 6 (2 of 3), then 2; under 6: 7 first.
+    assert tree.tokens[1:] == (5, 6, 9, 7, 2) or tree.size == 5
+    by_path = {}
+    for i in range(1, tree.size + 1):
+        by_path[i] = (by_path.get(tree.parents[i], ()) + (tree.tokens[i],)) if tree.parents[i] else (tree.tokens[i],)
+    paths = set(by_path.values())
+    assert {(5,), (9,), (5, 6)} <= paths and len(paths) == 5
+    share = {by_path[i]: tree.share[i] for i in by_path}
+    assert share[(5,)] == 0.75 and share[(9,)] == 0.25 and share[(5, 6)] == 2 / 3
+    assert all(tree.parents[i] < i for i in range(1, tree.size + 1))
+
+
+def test_lookup_drafter_proposes_a_priced_tree_and_learns_where_it_was_right():
+    drafter = ConversationLookupDrafter(4, branches=2)
+    assert drafter.propose(3) is None  # nothing seen yet: no draft
+    drafter.extend([3, 11, 12, 13, 3, 20, 21, 3])  # the root (pending token) ends the conversation
     draft = drafter.propose(3)
-    # Two proposed tokens, then the matrix's first candidate after the last one, twice.
-    m = matrix.tolist()
-    assert draft.spec == TreeSpec.chain("lookup4", 4)
-    assert draft.tokens.tolist() == [3, 11, 12, 3, m[3][0]]  # the root first
+    # Two continuations of (3): 20 21 3 (latest) and 11 12 13 3, so the root gets two branches.
+    assert draft.tokens[0] == 3 and sorted(draft.tokens[1:].tolist()) == sorted([20, 21, 3, 11, 12, 13, 3])
+    assert all(s == EXTERNAL for s in draft.spec.slots[1:])
+    p = draft.probabilities
+    assert len(p) == draft.spec.size and all(0 < x < 1 for x in p)
+    assert all(p[i - 1] <= (p[draft.spec.parents[i] - 1] if draft.spec.parents[i] else 1) for i in range(1, 8))
+    before = drafter.stats.observed
+    buffers = TreeBuffers.build(draft.spec)
+    correct = torch.zeros(draft.spec.size + 1, dtype=torch.bool)
+    first = draft.tokens.tolist().index(11)
+    correct[first] = correct[first + 1] = True  # 11 and 12 right, 13 wrong
+    from tr_cli.core.drafters import Placement, Verification
+
+    verification = Verification(draft.tokens, torch.zeros(8, 8, dtype=torch.long), correct, buffers)
+    drafter.learn(verification, Placement.contiguous(1, draft.spec.size))
+    # Tried: both first nodes, 12 (after 11), 13 (after 12); not 21 (20 was wrong), not the last 3s.
+    assert drafter.stats.observed - before == 4
+    assert sum(drafter.stats.hits) == 2
     drafter.reset()
     assert drafter.propose(3) is None
 
 
-def test_merged_draft_is_the_matrix_tree_then_the_chain():
+def test_merged_draft_is_the_matrix_tree_then_the_lookup():
     matrix = torch.arange(40 * 8, dtype=torch.int32).view(40, 8) % 40
-    tree, chain = MatrixTreeDrafter(matrix, SMALL), LookupChainDrafter(4, matrix)
-    chain.extend([3, 11, 12, 3])
-    buffers, tokens, placements = DraftMerger("cpu").merge(3, [tree.propose(3), chain.propose(3)])
+    tree, lookup = MatrixTreeDrafter(matrix, SMALL), ConversationLookupDrafter(4, branches=1)
+    lookup.extend([3, 11, 12, 13, 14, 3])
+    buffers, tokens, placements = DraftMerger("cpu").merge(3, [tree.propose(3), lookup.propose(3)])
     assert buffers.spec == with_chain(SMALL, 4)
     assert tokens[:5].tolist() == draft_tree(matrix, 3, TreeBuffers.build(SMALL)).tolist()
-    assert tokens[5:].tolist() == chain.propose(3).tokens[1:].tolist()
-    assert [(p.start, p.end) for p in placements] == [(1, 5), (5, 9)]
+    assert tokens[5:].tolist() == [11, 12, 13, 14]
+    assert [p.nodes for p in placements] == [(1, 2, 3, 4), (5, 6, 7, 8)]
 
 
 def test_verification_prefers_a_longer_lookup_chain():

@@ -1,0 +1,242 @@
+"""The hot state a command starts from: the recycled store beside the matrix (open, fork, save,
+--cold, --no-save, a bad file, one part's failed save not costing the other) and the starter
+files shipped with tr for new users."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from tr_cli.core import TreeBuffers, TreeSpec
+from tr_cli.errors import MatrixFileError, StoreError, StoreFileError
+from tr_cli.store.acceptance_file import acceptance_path
+from tr_cli.store.hot_matrix import HotMatrix, Saved
+from tr_cli.store.matrix_file import MatrixFile, default_path, read_matrix, tokenizer_fingerprint, write_matrix
+from tr_cli.store.paths import seed_dir
+from tr_cli.store.recycled_file import StoreFile, StoreMeta, read_store, store_path, write_store
+
+VOCAB, K = 64, 4
+
+
+class FakeTokenizer:
+    def __init__(self, shift: int = 0):
+        self.vocab = {f"tok{i + shift}": i for i in range(VOCAB)}
+        self.special_tokens_map = {"eos_token": "tok2"}
+
+    def get_vocab(self):
+        return dict(self.vocab)
+
+
+FP = tokenizer_fingerprint(FakeTokenizer())
+
+
+def conversation(first: int, n: int = 10) -> list[int]:
+    return [(first + i) % VOCAB for i in range(n)]
+
+
+def open_hot(path=None, **kwargs) -> HotMatrix:
+    return HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=path, **kwargs)
+
+
+def stored(path) -> list[list[int]]:
+    return [doc.tokens.tolist() for doc in read_store(store_path(path)).documents]
+
+
+def test_the_store_is_saved_beside_the_matrix_and_loaded_with_it(tmp_path):
+    path = tmp_path / "m.safetensors"
+    first = open_hot(path)
+    assert first.store.documents == [] and "+ store" not in first.describe()
+    first.store.add(conversation(1), 100)
+    first.matrix[3] = 1
+    assert first.save() == Saved(rows=1, documents=1, tokens=10)
+    assert first.store.added == [] and stored(path) == [conversation(1)]
+    assert first.save() == Saved()  # nothing new
+    second = open_hot(path)
+    assert second.state == "hot" and [d.tokens.tolist() for d in second.store.documents] == [conversation(1)]
+    assert second.describe().endswith("+ store of 10 tokens in 1 conversation")
+
+
+def test_a_store_without_its_matrix_is_still_loaded_and_saved(tmp_path):
+    """A conversation may change no matrix row: the store is written alone, and read back."""
+    path = tmp_path / "m.safetensors"
+    first = open_hot(path)
+    first.store.add(conversation(5), 100)
+    assert first.save() == Saved(rows=0, documents=1, tokens=10)
+    assert not path.exists() and store_path(path).exists()
+    again = open_hot(path)
+    assert again.state == "new" and len(again.store.documents) == 1
+
+
+def test_two_sessions_keep_each_others_conversations(tmp_path):
+    path = tmp_path / "m.safetensors"
+    first, second = open_hot(path), open_hot(path)
+    first.store.add(conversation(1), 100)
+    second.store.add(conversation(2), 200)
+    second.save()
+    first.save()
+    assert stored(path) == [conversation(1), conversation(2)]
+
+
+def test_a_fork_has_its_own_store_and_never_saves(tmp_path):
+    path = tmp_path / "m.safetensors"
+    hot = open_hot(path)
+    hot.store.add(conversation(1), 100)
+    hot.save()
+    fork = hot.fork()
+    assert fork.store is not hot.store and fork.store.total_tokens == 10
+    fork.store.add(conversation(2), 200)
+    assert hot.store.total_tokens == 10
+    assert fork.save() == Saved() and stored(path) == [conversation(1)]
+
+
+def test_cold_starts_empty_and_no_save_writes_nothing(tmp_path):
+    path = tmp_path / "m.safetensors"
+    hot = open_hot(path)
+    hot.store.add(conversation(1), 100)
+    hot.save()
+    before = store_path(path).read_bytes()
+    cold = open_hot(path, cold=True, save=False)
+    assert cold.state == "cold" and cold.store.documents == []
+    cold.store.add(conversation(2), 200)
+    assert cold.save() == Saved()
+    unsaved = open_hot(path, save=False)
+    assert len(unsaved.store.documents) == 1
+    unsaved.store.add(conversation(3), 300)
+    assert unsaved.save() == Saved() and store_path(path).read_bytes() == before
+    # --cold with saving: starts empty, then merges its conversations into the file.
+    cold_saving = open_hot(path, cold=True)
+    cold_saving.store.add(conversation(4), 400)
+    cold_saving.save()
+    assert stored(path) == [conversation(1), conversation(4)]
+
+
+def test_a_bad_store_file_is_an_error_at_start_and_left_intact(tmp_path):
+    path = tmp_path / "m.safetensors"
+    open_hot(path).matrix[1] = 1
+    store_path(path).write_bytes(b"not a store")
+    with pytest.raises(StoreFileError) as info:
+        open_hot(path)
+    message = str(info.value)
+    assert str(store_path(path)) in message and "--cold" in message and "\n" not in message
+    assert store_path(path).read_bytes() == b"not a store"
+    assert open_hot(path, cold=True).store.documents == []  # --cold does not read it
+
+
+def test_another_tokenizers_store_is_refused_at_start(tmp_path):
+    path = tmp_path / "m.safetensors"
+    write_store(store_path(path), StoreFile(StoreMeta(VOCAB, "someone-else", "x"), []))
+    with pytest.raises(StoreError, match="another tokenizer"):
+        open_hot(path)
+
+
+def test_a_failed_store_save_keeps_the_matrix_save(tmp_path):
+    path = tmp_path / "m.safetensors"
+    hot = open_hot(path)
+    # Another tokenizer's store appeared meanwhile: the store part is refused, the matrix saved.
+    write_store(store_path(path), StoreFile(StoreMeta(VOCAB, "someone-else", "x"), []))
+    before = store_path(path).read_bytes()
+    hot.matrix[7] = 7
+    hot.store.add(conversation(1), 100)
+    with pytest.raises(StoreError) as info:
+        hot.save()
+    assert "store to" in str(info.value) and "matrix to" not in str(info.value)
+    assert read_matrix(path).matrix[7].tolist() == [7] * K
+    assert store_path(path).read_bytes() == before and len(hot.store.added) == 1
+
+
+def test_a_failed_matrix_save_keeps_the_store_save(tmp_path):
+    path = tmp_path / "m.safetensors"
+    hot = open_hot(path)
+    write_matrix(path, MatrixFile.empty(VOCAB, 8, FP, "m"))  # rewritten meanwhile with another k
+    hot.matrix[7] = 7
+    hot.store.add(conversation(1), 100)
+    with pytest.raises(StoreError) as info:
+        hot.save()
+    assert "matrix to" in str(info.value) and "store to" not in str(info.value)
+    assert stored(path) == [conversation(1)]
+
+
+@pytest.fixture()
+def seeds(home, tmp_path):
+    """A starter directory holding a matrix (row 5 filled), its store and its statistics, named
+    as the fake tokenizer's default matrix."""
+    directory = tmp_path / "seed"
+    name = default_path(FP, VOCAB, K).name
+    data = MatrixFile.empty(VOCAB, K, FP, "starter-model")
+    data.matrix[5] = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
+    data.stamps[5] = 1
+    data.meta = replace(data.meta, update_count=1)
+    write_matrix(directory / name, data)
+    documents = starter_store().documents
+    write_store(store_path(directory / name), StoreFile(StoreMeta(VOCAB, FP, "starter-model"), documents))
+    hot = HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=tmp_path / "stats.safetensors")
+    buffers = TreeBuffers.build(TreeSpec.from_paths("t", [[0], [1]]))
+    hot.acceptance.record(buffers, torch.tensor([True, True, False]))
+    acceptance_path(directory / name).write_text(json.dumps(hot.acceptance.to_dict()))
+    return directory
+
+
+def starter_store():
+    from tr_cli.core.recycled_store import RecycledStore
+
+    store = RecycledStore(VOCAB)
+    store.add(conversation(40), 50)
+    return store
+
+
+def snapshot(directory):
+    return {path.name: path.read_bytes() for path in directory.iterdir()}
+
+
+def test_a_new_user_starts_from_the_starter_files(seeds):
+    before = snapshot(seeds)
+    hot = open_hot(seeds=seeds)
+    assert hot.state == "seeded" and hot.seed == seeds / hot.path.name
+    assert hot.path == default_path(FP, VOCAB, K) and not hot.path.exists()
+    assert hot.matrix[5].tolist() == [1, 2, 3, 4] and hot.start_update_count == 1
+    assert [d.tokens.tolist() for d in hot.store.documents] == [conversation(40)]
+    assert hot.acceptance.observed_steps == 1
+    assert hot.describe().startswith("starter matrix shipped with tr") and str(hot.path) in hot.describe()
+    # Saving writes the user's own files: the starter's content plus what this session learned.
+    hot.matrix[6] = 6
+    hot.store.add(conversation(1), 100)
+    hot.save()
+    mine = read_matrix(hot.path)
+    assert mine.matrix[5].tolist() == [1, 2, 3, 4] and mine.matrix[6].tolist() == [6] * K
+    assert mine.meta.model_id == "m" and mine.meta.update_count == 2
+    assert stored(hot.path) == [conversation(40), conversation(1)]
+    assert acceptance_path(hot.path).exists()
+    assert snapshot(seeds) == before  # the starter files are only read
+    again = open_hot(seeds=seeds)
+    assert again.state == "hot" and again.seed is None
+
+
+def test_starter_files_are_only_for_the_default_path_without_cold(seeds, tmp_path):
+    assert open_hot(tmp_path / "mine.safetensors", seeds=seeds).state == "new"
+    cold = open_hot(cold=True, seeds=seeds)
+    assert cold.state == "cold" and not cold.matrix.any() and cold.store.documents == []
+    other = HotMatrix.open(FakeTokenizer(shift=1), VOCAB, "m", k=K, seeds=seeds)  # another file name
+    assert other.state == "new"
+
+
+def test_a_seeded_session_with_no_save_writes_nothing(seeds):
+    hot = open_hot(seeds=seeds, save=False)
+    hot.matrix[6] = 6
+    hot.store.add(conversation(1), 100)
+    assert hot.save() == Saved() and not hot.path.parent.exists()
+    assert hot.describe().endswith("not saved + store of 20 tokens in 2 conversations")
+
+
+def test_damaged_starter_files_are_an_error_saying_what_to_do(seeds):
+    name = default_path(FP, VOCAB, K).name
+    store_path(seeds / name).write_bytes(b"junk")
+    with pytest.raises(StoreFileError, match="reinstall tr"):
+        open_hot(seeds=seeds)
+    (seeds / name).write_bytes(b"junk")
+    with pytest.raises(MatrixFileError, match="reinstall tr"):
+        open_hot(seeds=seeds)
+
+
+def test_the_shipped_starter_directory_is_a_package_folder():
+    assert seed_dir().is_dir() and (seed_dir() / "__init__.py").is_file()
