@@ -4,9 +4,11 @@ A node proposed by a lookup source is described by three things known before ver
 depth, the share of the continuations through its parent that go through it, and how many context
 tokens the match behind it had. Each (depth, share, match) cell counts trials (the node's parent
 was on a right path) and hits (the node was right too); hits/trials, smoothed toward a prior,
-estimates the chance the node extends an accepted path given its parent did. A source whose
-drafts stop being right (a stale store) sees its estimates fall, and the planner stops paying for
-its nodes. Counts are halved now and then so that recent text weighs more.
+estimates the chance the node extends an accepted path given its parent did. Cells with few
+trials lean on the prior scaled by how the whole source does against it, so a source whose drafts
+stop being right (a stale store) sees every estimate fall within a few dozen trials, not cell by
+cell, and the planner stops paying for its nodes. Counts are halved now and then so that recent
+text weighs more.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ DEPTH_EDGES = (1, 2, 3, 5, 9)  # buckets: 1, 2, 3-4, 5-8, 9+
 SHARE_EDGES = (0.0, 0.34, 0.67, 0.999)  # buckets: < 1/3, < 2/3, < 1, all continuations agree
 MATCH_EDGES = (1, 2, 3, 5, 8)  # buckets: 1, 2, 3-4, 5-7, 8+
 PRIOR_WEIGHT = 8.0
+SOURCE_WEIGHT = 4.0  # pseudo-trials at the prior for the source-wide factor
 DECAY_AT = 4096.0  # trials in all cells; then every count is halved
 
 
@@ -36,6 +39,8 @@ class SourceStats:
         self.hits = [0.0] * shape
         self.trials = [0.0] * shape
         self._total = 0.0
+        self._hits_total = 0.0
+        self._expected_total = 0.0  # what the prior predicted for the trials so far
 
     @staticmethod
     def cell(depth: int, share: float, match: int) -> int:
@@ -48,21 +53,31 @@ class SourceStats:
         share_bucket = (cell // len(MATCH_EDGES)) % len(SHARE_EDGES)
         return self.prior * (0.4, 0.6, 0.8, 1.0)[share_bucket]
 
+    @property
+    def source_factor(self) -> float:
+        """How the source's hits compare with what its prior predicted for the same trials."""
+        return (self._hits_total + SOURCE_WEIGHT) / (self._expected_total + SOURCE_WEIGHT)
+
     def probability(self, cell: int) -> float:
         """p(right | parent right) for a node in `cell`."""
-        return (self.hits[cell] + PRIOR_WEIGHT * self._prior_of(cell)) / (self.trials[cell] + PRIOR_WEIGHT)
+        prior = min(self._prior_of(cell) * self.source_factor, 0.99)
+        return (self.hits[cell] + PRIOR_WEIGHT * prior) / (self.trials[cell] + PRIOR_WEIGHT)
 
     def record(self, cells: list[int], tried: list[bool], hit: list[bool]) -> None:
         for cell, t, h in zip(cells, tried, hit, strict=True):
             if t:
                 self.trials[cell] += 1.0
                 self._total += 1.0
+                self._expected_total += self._prior_of(cell)
                 if h:
                     self.hits[cell] += 1.0
+                    self._hits_total += 1.0
         if self._total > DECAY_AT:
             self.hits = [h / 2 for h in self.hits]
             self.trials = [t / 2 for t in self.trials]
             self._total /= 2
+            self._hits_total /= 2
+            self._expected_total /= 2
 
     @property
     def observed(self) -> float:
@@ -76,4 +91,5 @@ class SourceStats:
     def copy(self) -> SourceStats:
         twin = SourceStats(self.prior)
         twin.hits, twin.trials, twin._total = list(self.hits), list(self.trials), self._total
+        twin._hits_total, twin._expected_total = self._hits_total, self._expected_total
         return twin

@@ -12,9 +12,9 @@ from ..recycled_store import ORDERS, RecycledStore
 from .continuation_drafter import ContinuationDrafter
 from .continuation_tree import Continuation
 
-STORE_DEPTH = 10
+STORE_DEPTH = 24  # a resent context can match for long: deep drafts pay only when sure (the planner)
 STORE_BRANCHES = 4
-STORE_NODES = 24
+STORE_NODES = 32
 STORE_PRIOR = 0.25  # other conversations' text: less sure than this conversation's own
 
 
