@@ -8,10 +8,11 @@ conversations go first.
 
 The index keeps, for each n in ORDERS, a sorted array of the n-grams' keys (two 31-bit polynomial
 hashes side by side, checked against the tokens on a hit) and where each n-gram ended. A lookup
-is a binary search per order, longest first. Measured against a per-n-gram dict: the arrays take
-~12 bytes per token and order and rebuild in about a tenth of a second per million tokens, where a
-dict of tuples holds ~150 bytes per entry; a suffix automaton would answer any match length but
-needs a per-token Python build on this scale.
+is a binary search per order, longest first (~0.1 ms). The arrays take 12 bytes per token and
+order (48 MB for a full store) and are rebuilt, when a conversation has joined, at the next lookup:
+about a second per million tokens on this 2-core CPU, 40 ms for the shipped 29 k-token starter. A
+dict of n-gram tuples would hold ~150 bytes per entry; a suffix automaton would answer any match
+length but needs a per-token Python build at this scale.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class RecycledStore:
             ends = torch.arange(n - 1, stream.numel() - 1)
             ok = (windows >= 0).all(dim=1) & (stream[ends + 1] >= 0)
             keys, order = torch.sort(_keys(windows[ok]), stable=True)  # equal keys: older first
-            index[n] = (keys, ends[ok][order])
+            index[n] = (keys, ends[ok][order].to(torch.int32))
         self._stream = stream
         return index
 
