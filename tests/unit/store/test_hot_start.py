@@ -16,17 +16,7 @@ from tr_cli.store.matrix_file import MatrixFile, default_path, read_matrix, toke
 from tr_cli.store.paths import seed_dir
 from tr_cli.store.recycled_file import StoreFile, StoreMeta, read_store, store_path, write_store
 
-VOCAB, K = 64, 4
-
-
-class FakeTokenizer:
-    def __init__(self, shift: int = 0):
-        self.vocab = {f"tok{i + shift}": i for i in range(VOCAB)}
-        self.special_tokens_map = {"eos_token": "tok2"}
-
-    def get_vocab(self):
-        return dict(self.vocab)
-
+from fake_tokenizer import VOCAB, FakeTokenizer, K
 
 FP = tokenizer_fingerprint(FakeTokenizer())
 

@@ -16,16 +16,7 @@ from tr_cli.store import matrix_file as store
 from tr_cli.store.hot_matrix import HotMatrix
 from tr_cli.store.matrix_file import MatrixFile, MatrixFileError, read_matrix, write_matrix
 
-VOCAB, K = 64, 4
-
-
-class FakeTokenizer:
-    def __init__(self, shift: int = 0):
-        self.vocab = {f"tok{i + shift}": i for i in range(VOCAB)}
-        self.special_tokens_map = {"eos_token": "tok2"}
-
-    def get_vocab(self):
-        return dict(self.vocab)
+from fake_tokenizer import VOCAB, FakeTokenizer, K
 
 
 def sample_file(seed: int = 0) -> MatrixFile:
