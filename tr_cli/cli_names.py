@@ -3,5 +3,5 @@
 What `tr` answers itself; tr_cli/entry.py passes anything else to coreutils `tr`.
 """
 
-COMMANDS = frozenset({"bench", "chat", "generate", "matrix"})
+COMMANDS = frozenset({"bench", "chat", "generate", "matrix", "serve"})
 GLOBAL_OPTIONS = frozenset({"--help", "--install-completion", "--show-completion", "--version", "-V"})

@@ -147,3 +147,31 @@ def test_recycled_store_keeps_output_exact_stale_or_repeated(model):
         if repeat == 0:
             first_pass_hits = sum(source.stats.hits)
     assert sum(source.stats.hits) > first_pass_hits, "the second pass never drafted from the first"
+
+
+@pytest.mark.parametrize("keep_from", ["prompt", "reply"])
+def test_rewind_to_a_shared_prefix_continues_exactly(model, keep_from):
+    """A server request that shares only a prefix with the held conversation (an edited turn, a
+    regenerated reply) rewinds to it: the continuation equals generate on the new whole prompt,
+    with every source planned (the lookup index and the store follow the rewind)."""
+    from tr_cli.core.design.cost_model import CostModel
+    from tr_cli.core.recycled_store import RecycledStore
+
+    cost = CostModel((1, 8, 32, 64), (0.010, 0.011, 0.014, 0.030))
+    store = RecycledStore(model.get_output_embeddings().weight.shape[0])
+    decoder = TokenRecyclingDecoder(model, cost=cost, lookup_length=6, store=store)
+    first = random_prompt(20, 31)
+    reply = decoder.generate(first, StopCondition.build(25, [EOS])).tokens
+    held = first + reply
+    keep = 12 if keep_from == "prompt" else len(first) + len(reply) // 2
+    new_prompt = held[:keep] + random_prompt(7, 32)
+    assert decoder.shared_prefix(new_prompt) == keep
+    decoder.rewind(keep)
+    assert decoder.tokens == held[:keep]
+    assert decoder.cached_length == keep - 1  # the last kept token is pending
+    assert len(store.added) == 1  # the old conversation joined the store
+    continued = decoder.generate(new_prompt[keep:], StopCondition.build(30, [EOS])).tokens
+    assert continued == reference(model, new_prompt, 30)
+    # Back to nothing shared: a fresh start.
+    decoder.rewind(0)
+    assert decoder.tokens == [] and decoder.cached_length == 0

@@ -1,9 +1,9 @@
 """The layout's dependency rule, read off the import statements of every module of the package.
 
 Dependencies point down: core imports nothing of the rest; errors only core; models, store and
-text only core and errors; engine those; chat and bench the engine and below (not each other);
-cli anything; the `tr` shim (entry, cli_names) only the standard library and, to start the app,
-cli. Only cli knows Typer, Rich, click and prompt-toolkit.
+text only core and errors; engine those; chat, bench and serve the engine and below (not each
+other); cli anything; the `tr` shim (entry, cli_names) only the standard library and, to start
+the app, cli. Only cli knows Typer, Rich, click and prompt-toolkit.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ RANKS = {
     "engine": 3,
     "chat": 4,
     "bench": 4,
+    "serve": 4,
     "cli": 5,
     "cli_names": 0,
     "entry": 6,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..core import StepEvent, StopCondition, TokenRecyclingDecoder
 from ..core.events import GenerationResult, GenerationStats, track
+from ..core.stopping import context_room
 from ..text.conversation import ConversationEncoder, Prompt, TemplateError
 from .commands import SHOW_TOPICS
 from .errors import CommandError, ContextFull
@@ -125,10 +126,10 @@ class ChatSession:
 
     def _budget(self, n_input: int, rebuild: bool) -> int:
         wanted = self.settings.max_new_tokens
-        if self.max_positions is None:
-            return wanted
         held = 0 if rebuild else len(self.decoder.tokens)
-        room = self.max_positions - held - n_input - self.decoder.max_depth
+        room = context_room(self.max_positions, held, n_input, self.decoder.max_depth)
+        if room is None:
+            return wanted
         if room < 1:
             raise ContextFull(
                 f"the conversation fills the model's context ({self.max_positions:,} tokens); /clear starts a new one"

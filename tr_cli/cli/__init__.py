@@ -12,6 +12,7 @@ from .chat import chat
 from .errors import ErrorBoundary
 from .generate import generate
 from .matrix import app as matrix_app
+from .serve import serve
 
 app = typer.Typer(
     cls=ErrorBoundary,
@@ -41,6 +42,7 @@ def _root(
 app.command()(chat)
 app.command()(generate)
 app.command()(bench)
+app.command()(serve)
 app.add_typer(matrix_app, name="matrix")
 
 

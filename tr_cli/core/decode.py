@@ -157,6 +157,34 @@ class TokenRecyclingDecoder:
         for drafter in self.drafters:
             drafter.reset()
 
+    @torch.inference_mode()
+    def rewind(self, keep: int) -> None:
+        """Cut the conversation back to its first `keep` tokens, so that a request sharing only a
+        prefix with it (an edited or branched chat) reuses that much of the KV cache. The last
+        kept token becomes the pending one; the rest is as if the conversation had ended there."""
+        if not 0 <= keep <= len(self.tokens):
+            raise ValueError(f"cannot keep {keep} tokens of a conversation of {len(self.tokens)}")
+        if keep == len(self.tokens):
+            return
+        if keep == 0:
+            self.reset()
+            return
+        kept = self.tokens[:keep]
+        self.cache.truncate(keep - 1)
+        self.tokens = kept
+        self.pending = kept[-1]
+        for drafter in self.drafters:
+            drafter.rewind(kept)
+
+    def shared_prefix(self, ids: list[int]) -> int:
+        """How many leading tokens of `ids` the conversation already holds."""
+        count = 0
+        for held, new in zip(self.tokens, ids, strict=False):
+            if held != new:
+                break
+            count += 1
+        return count
+
     @property
     def cached_length(self) -> int:
         return self.cache.length

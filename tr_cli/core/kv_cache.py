@@ -106,3 +106,8 @@ class CompactingCache(Cache):
         """Drop everything after `start` except the rows at start+offsets, in every layer."""
         for layer in self.layers:
             layer.keep(start, offsets)
+
+    def truncate(self, length: int) -> None:
+        """Keep only the first `length` positions in every layer."""
+        for layer in self.layers:
+            layer.keep(length, torch.empty(0, dtype=torch.long))

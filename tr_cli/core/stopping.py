@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 _STOP_TAIL_TOKENS = 16
 
 
+def context_room(max_positions: int | None, held: int, new_input: int, max_depth: int) -> int | None:
+    """How many tokens a reply may still have when the decoder holds `held` tokens and is fed
+    `new_input` more: a step's draft reaches `max_depth` positions past the cache, and every
+    position must stay inside the model's context. None: the model states no limit. Below 1:
+    the prompt leaves no room for a reply."""
+    if max_positions is None:
+        return None
+    return max_positions - held - new_input - max_depth
+
+
 @dataclass(frozen=True)
 class StopCondition:
     max_new_tokens: int

@@ -1,5 +1,6 @@
 """IncrementalDecoder: streamed deltas add up to the full decode, never show a half character, and
-stay right after the 64-token decode window slides. Uses a fake byte-level tokenizer."""
+stay right after the 64-token decode window slides. ReplyText: the same under stop strings, and a
+reply cut inside a character keeps all of its bytes. Uses a fake byte-level tokenizer."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 
 import pytest
 
+from tr_cli.text.reply_text import ReplyText, first_stop, open_stop_tail
 from tr_cli.text.streaming import IncrementalDecoder
 
 SAMPLE = (
@@ -178,3 +180,57 @@ def test_decode_window_stays_bounded():
     for t in ids:
         dec.push([t])
     assert tok.longest <= 80
+
+
+# -- ReplyText: deltas safe under stop strings, the final text never loses bytes ---------------
+
+
+def reply_deltas(reply: ReplyText, ids: list[int]) -> list[str]:
+    return [reply.push([token]) for token in ids] + [reply.finish()]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_reply_cut_at_every_length_keeps_every_byte(seed):
+    """A reply that ends inside a multi-byte character still ends with all of its text: the
+    final text is the decoding of every token, and the deltas add up to it."""
+    tok = ByteTokenizer()
+    ids = tok.encode("emoji 😀🚀 and 中文 " * 2, random.Random(seed))
+    for end in range(1, len(ids) + 1):
+        reply = ReplyText(tok)
+        deltas = reply_deltas(reply, ids[:end])
+        full = tok.decode(ids[:end], skip_special_tokens=True)
+        assert "".join(deltas) == full == reply.text()
+        assert all("\ufffd" not in d for d in deltas[:-1])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_reply_stops_before_the_first_stop_string(seed):
+    tok = ByteTokenizer()
+    text = "Step one: mix. Step two: bake. Step three: eat."
+    ids = tok.encode(text, random.Random(seed))
+    reply = ReplyText(tok, stops=["Step three", "bake."])
+    deltas = reply_deltas(reply, ids)
+    assert "".join(deltas) == reply.text() == "Step one: mix. Step two: "
+    assert reply.stopped
+    # Nothing past the cut was ever sent, even for a moment.
+    sent = ""
+    for delta in deltas:
+        sent += delta
+        assert "Step one: mix. Step two: ".startswith(sent)
+
+
+def test_reply_holds_back_only_what_may_become_a_stop_string():
+    tok = ByteTokenizer()
+    ids = tok.encode("abc<en", random.Random(0), max_piece=1)
+    reply = ReplyText(tok, stops=["<end>"])
+    assert "".join(reply.push([t]) for t in ids) == "abc"  # "<en" may still become "<end>"
+    assert reply.finish() == "<en"  # generation ended without it: the text is whole
+    assert not reply.stopped
+
+
+def test_open_stop_tail_and_first_stop():
+    assert open_stop_tail("hello wor", ["world"]) == 3
+    assert open_stop_tail("hello", ["world"]) == 0
+    assert open_stop_tail("ab", ["b", "abc"]) == 2
+    assert first_stop("one two three", ["three", "two"]) == 4
+    assert first_stop("one", ["two"]) is None

@@ -93,6 +93,12 @@ class Drafter(ABC):
     def reset(self) -> None:  # noqa: B027 - a hook
         """A new conversation starts."""
 
+    def rewind(self, kept: list[int]) -> None:
+        """The conversation was cut back to `kept`, a prefix of it (a client resent an earlier
+        part and went another way). By default: the old conversation ends, `kept` is fed anew."""
+        self.reset()
+        self.extend(kept)
+
     @property
     @abstractmethod
     def max_nodes(self) -> int:

@@ -1,0 +1,191 @@
+"""`tr serve`: the OpenAI HTTP API on a local port, every request decoded with Token Recycling.
+
+The port is bound before the model loads (a port in use fails at once) and listened on once the
+model is ready. uvicorn serves tr_cli/serve's app; SIGINT and SIGTERM stop it: new and queued
+requests are refused, the running one stops between two steps, the hot state is saved, exit 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from typing import Annotated
+
+import typer
+import uvicorn
+
+from ..errors import UserError
+from ..models import DEFAULT_MODEL
+from ..serve.app import create_app
+from ..serve.requests import ServedModel
+from ..serve.worker import DecodeWorker
+from . import options as opt
+from .console import note, warn
+from .options import engine_options, sampling_request
+from .setup import open_engine, save_state
+
+Host = Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default: this machine only).")]
+Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free port).")]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key", envvar="TR_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 (also: TR_API_KEY)."
+    ),
+]
+QueueSize = Annotated[
+    int, typer.Option("--queue", min=1, help="Requests that may wait while one decodes; more get 429.")
+]
+SaveEvery = Annotated[
+    float, typer.Option("--save-every", min=1.0, help="Save the matrix this often (seconds) while requests come.")
+]
+DefaultMaxTokens = Annotated[
+    int, typer.Option("--max-new-tokens", "-n", min=1, help="Longest reply when a request sets no max_tokens.")
+]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which also tells the worker to stop when a signal asks it to exit."""
+
+    def __init__(self, config: uvicorn.Config, worker: DecodeWorker) -> None:
+        super().__init__(config)
+        self.worker = worker
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self.worker.stop_accepting()
+        super().handle_exit(sig, frame)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound (not yet listening) to host:port; a one-line error when that fails."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror})") from None
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """uvicorn re-raises the signal that stopped it once it returns; take it here, so that the
+    state is saved and the exit status is 0."""
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, lambda *_: None) for sig in handled}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _access_log() -> None:
+    logger = logging.getLogger("tr.serve")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", datefmt="%H:%M:%S"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def serve(
+    model: opt.ModelArgument = None,
+    host: Host = "127.0.0.1",
+    port: Port = 8000,
+    api_key: ApiKey = None,
+    max_new_tokens: DefaultMaxTokens = 1024,
+    queue: QueueSize = 8,
+    save_every: SaveEvery = 300.0,
+    tree: opt.Tree = "auto",
+    lookup: opt.Lookup = None,
+    k: opt.K = 8,
+    temperature: opt.Temperature = None,
+    top_p: opt.TopP = None,
+    top_k: opt.TopK = None,
+    repetition_penalty: opt.RepetitionPenalty = None,
+    seed: opt.Seed = None,
+    matrix: opt.MatrixPath = None,
+    cold: opt.Cold = False,
+    no_save: opt.NoSave = False,
+    device: opt.Device = "auto",
+    dtype: opt.Dtype = "auto",
+) -> None:
+    """Serve a model over the OpenAI API (chat and text completions, streamed or not) with Token Recycling."""
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty; give a key or leave the option out")
+    defaults = sampling_request(temperature, top_p, top_k, repetition_penalty, seed)
+    options = engine_options(
+        model=model,
+        device=device,
+        dtype=dtype,
+        tree=tree,
+        lookup=lookup,
+        k=k,
+        matrix=matrix,
+        cold=cold,
+        no_save=no_save,
+        sampling=defaults,
+    )
+    sock = _bind(host, port)
+    try:
+        engine = open_engine(options)
+        loaded = engine.loaded
+        served = ServedModel(
+            name=loaded.model_id,
+            aliases=frozenset({model or DEFAULT_MODEL}),
+            tokenizer=loaded.tokenizer,
+            generation_config=getattr(loaded.model, "generation_config", None),
+            context_length=loaded.context_length,
+            max_depth=engine.decoder.max_depth,
+            default_max_tokens=max_new_tokens,
+            default_sampling=defaults,
+        )
+        worker = DecodeWorker(
+            engine.decoder,
+            loaded.tokenizer,
+            loaded.eos_token_ids,
+            queue_size=queue,
+            save=lambda end: save_state(engine, announce=end, end_conversation=end),
+            save_every=save_every,
+        )
+        _access_log()
+        app = create_app(served, worker, api_key=api_key.strip() if api_key else None)
+        config = uvicorn.Config(
+            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=10
+        )
+        server = _Server(config, worker)
+        if not _is_loopback(host) and api_key is None:
+            warn(f"listening on {host} without --api-key: anyone who can reach this machine can use it")
+        sock.listen(128)
+        bound_host, bound_port = sock.getsockname()[:2]
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
+        worker.start()
+        note(f"tr serve: listening on http://{shown}:{bound_port}/v1 (model '{served.name}'; Ctrl-C stops)")
+        started = time.monotonic()
+        try:
+            with _signals_kept():
+                server.run(sockets=[sock])
+        finally:
+            worker.close(timeout=30)
+        note(f"tr serve: stopped after {worker.jobs_done} requests in {time.monotonic() - started:.0f} s")
+    finally:
+        sock.close()

@@ -1,0 +1,282 @@
+"""The HTTP side of `tr serve`: FastAPI routes for the OpenAI API, the API key and body-size
+gate, OpenAI-shaped errors, and one access-log line per request.
+
+Requests are parsed and checked here, on the event loop, before they queue (a bad request costs
+no decode time); decoding happens on the worker thread, whose text comes back through the job.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .. import __version__
+from .errors import ApiError
+from .requests import ServedModel
+from .responses import SSE_DONE, SSE_KEEPALIVE, Reply, sse
+from .schema import ChatCompletionRequest, CompletionRequest
+from .worker import DecodeWorker, Delta, Failed, Finished, Job, QueueFull, Started
+
+log = logging.getLogger("tr.serve")
+
+MAX_BODY_BYTES = 8 * 1024 * 1024  # a long conversation is a few hundred kB of JSON
+_WAIT_SECONDS = 0.5  # how often a waiting request checks that its client is still there
+
+
+def _json_error(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+class RequestGate:
+    """Before any route: the API key on /v1 (when one is set) and the body size (413 over the
+    limit, read once and replayed to the route). Pure ASGI, so it also guards streamed bodies."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
+        self.app = app
+        self.api_key = api_key
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refuse_key(scope)
+        if refusal is None:
+            body, refusal = await self._read_body(scope, receive)
+        if refusal is not None:
+            scope.setdefault("state", {})["error"] = refusal.message
+            await _json_error(refusal)(scope, receive, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    def _refuse_key(self, scope: Scope) -> ApiError | None:
+        if self.api_key is None or not scope["path"].startswith("/v1"):
+            return None
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            return None
+        return ApiError(
+            401,
+            "Incorrect or missing API key: send 'Authorization: Bearer KEY' with the server's --api-key",
+            code="invalid_api_key",
+        )
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, ApiError | None]:
+        too_big = ApiError(413, f"request body over {self.max_body:,} bytes", code="request_too_large")
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body:
+            return b"", too_big
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return b"", too_big
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks), None
+
+
+class AccessLog:
+    """One line per request once its response has ended: status, tokens, tok/s, MAT, time."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            log.info(_access_line(scope, status, time.perf_counter() - start))
+
+
+def _access_line(scope: Scope, status: int, seconds: float) -> str:
+    client = scope.get("client")
+    who = f"{client[0]}:{client[1]}" if client else "-"
+    parts = [f'{who} "{scope["method"]} {scope["path"]}" {status}']
+    state = scope.get("state", {})
+    finished: Finished | None = state.get("finished")
+    if finished is not None:
+        stats = finished.stats
+        reused = f" ({finished.reused} reused)" if finished.reused else ""
+        parts += [
+            f"{stats.prompt_tokens}+{stats.new_tokens} tokens{reused}",
+            f"{stats.tokens_per_second:.1f} tok/s",
+            f"MAT {stats.mean_accepted_tokens:.2f}",
+        ]
+    if state.get("error"):
+        parts.append(state["error"])
+    parts.append(f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.0f} ms")
+    return " · ".join(parts)
+
+
+def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    first = exc.errors()[0]
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ())).lstrip(".")
+    return (f"{param}: {first['msg']}" if param else first["msg"]), param or None
+
+
+async def _parse(request: Request, model_class: type[ChatCompletionRequest] | type[CompletionRequest]):
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    try:
+        return model_class.model_validate(data)
+    except ValidationError as exc:
+        message, param = _validation_message(exc)
+        raise ApiError(400, message, param=param) from None
+
+
+async def _wait(job: Job, request: Request) -> Finished | None:
+    """A non-streamed job's outcome; None (job cancelled) when the client went away."""
+    while True:
+        item = await job.next(_WAIT_SECONDS)
+        if item is None:
+            if await request.is_disconnected():
+                job.cancel()
+                return None
+            continue
+        if isinstance(item, Failed):
+            raise item.error
+        if isinstance(item, Finished):
+            return item
+
+
+def create_app(
+    model: ServedModel, worker: DecodeWorker, api_key: str | None = None, max_body: int = MAX_BODY_BYTES
+) -> FastAPI:
+    app = FastAPI(title="tr serve", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        request.state.error = exc.message
+        return _json_error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        return _json_error(ApiError(exc.status_code, f"{request.method} {request.url.path}: {detail}"))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error")
+        return _json_error(ApiError(500, f"internal error: {exc}", type="server_error"))
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model.name, "busy": worker.busy, "queued": worker.queued}
+
+    def _model_card() -> dict:
+        return {"id": model.name, "object": "model", "created": int(time.time()), "owned_by": "tr"}
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card()]}
+
+    @app.get("/v1/models/{name:path}")
+    async def one_model(name: str) -> dict:
+        model.check_name(name)
+        return _model_card()
+
+    async def _generate(request: Request, chat: bool) -> Response:
+        parsed = await _parse(request, ChatCompletionRequest if chat else CompletionRequest)
+        job = model.job(parsed)
+        try:
+            worker.submit(job)
+        except QueueFull as full:
+            raise ApiError(
+                429,
+                f"the server is busy ({worker.queued} requests waiting); retry in {full.retry_after} s",
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(full.retry_after)},
+            ) from None
+        reply = Reply(chat, model.name)
+        if parsed.stream:
+            return StreamingResponse(
+                _stream(job, reply, request, parsed.include_usage()),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        finished = await _wait(job, request)
+        if finished is None:
+            return Response(status_code=499)  # nobody reads it; the log says the client left
+        request.state.finished = finished
+        return JSONResponse(reply.whole(finished))
+
+    async def _stream(job: Job, reply: Reply, request: Request, include_usage: bool):
+        try:
+            if reply.chat:
+                yield sse(reply.chunk("", first=True))
+            while True:
+                item = await job.next(_WAIT_SECONDS)
+                if item is None:  # queued or prefilling: a comment shows whether the client is there
+                    yield SSE_KEEPALIVE
+                elif isinstance(item, Delta):
+                    yield sse(reply.chunk(item.text))
+                elif isinstance(item, Failed):
+                    request.state.error = item.error.message
+                    yield sse(item.error.body())
+                    return
+                elif isinstance(item, Finished):
+                    request.state.finished = item
+                    yield sse(reply.last_chunk(item))
+                    if include_usage:
+                        yield sse(reply.usage_chunk(item))
+                    yield SSE_DONE
+                    return
+                elif not isinstance(item, Started):
+                    raise TypeError(f"unexpected worker item {item!r}")
+        finally:
+            job.cancel()  # a no-op once finished; stops the decode when the client went away
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(request, chat=True)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(request, chat=False)
+
+    # The outermost layer logs what the gate refused too.
+    app.add_middleware(RequestGate, api_key=api_key, max_body=max_body)
+    app.add_middleware(AccessLog)
+    return app

@@ -1,0 +1,109 @@
+"""A validated request becomes a decode job: the prompt's tokens (chat messages through the
+model's chat template, the same encoder `tr chat` uses), the reply's token budget inside the
+model's context, and the sampling settings (the request's over the server's defaults, merged with
+the model's generation config exactly as `tr chat` merges them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.sampling_config import SamplingConfig, SamplingRequest
+from ..core.stopping import context_room
+from ..text.conversation import ConversationEncoder, TemplateError
+from .errors import ApiError
+from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
+from .worker import Job
+
+
+@dataclass
+class ServedModel:
+    """What the HTTP side knows of the model: its names, tokenizer and limits."""
+
+    name: str  # the id /v1/models lists and responses carry
+    aliases: frozenset[str]  # other names a request may use (the MODEL argument as given)
+    tokenizer: object
+    generation_config: object | None
+    context_length: int | None
+    max_depth: int  # how far past the cache a step's drafts reach
+    default_max_tokens: int = 1024
+    default_sampling: SamplingRequest | None = None
+
+    def __post_init__(self) -> None:
+        self.encoder = ConversationEncoder(self.tokenizer)
+
+    def check_name(self, requested: str) -> None:
+        if requested != self.name and requested not in self.aliases:
+            raise ApiError(
+                404,
+                f"The model '{requested}' does not exist; this server runs '{self.name}'",
+                param="model",
+                code="model_not_found",
+            )
+
+    def chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
+        messages = request.conversation()
+        if not self.encoder.templated:
+            raise ApiError(400, f"model {self.name} has no chat template: use /v1/completions", param="messages")
+        try:
+            return self.encoder.encode(messages).ids
+        except TemplateError as exc:
+            raise ApiError(400, str(exc), param="messages") from None
+
+    def completion_prompt(self, request: CompletionRequest) -> list[int]:
+        prompt = request.prompt_text_or_ids()
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ApiError(400, "prompt is empty", param="prompt")
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        vocabulary = len(self.tokenizer)
+        if any(not 0 <= t < vocabulary for t in prompt):
+            raise ApiError(400, f"prompt: token ids must be in 0..{vocabulary - 1}", param="prompt")
+        return list(prompt)
+
+    def budget(self, prompt: list[int], requested: int | None) -> int:
+        """New tokens allowed: what was asked (else the server's default), clamped to the room the
+        context leaves; a prompt that leaves none is refused with the counts."""
+        wanted = requested if requested is not None else self.default_max_tokens
+        room = context_room(self.context_length, 0, len(prompt), self.max_depth)
+        if room is None:
+            return wanted
+        if room < 1:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.context_length} tokens; the prompt has "
+                f"{len(prompt)} tokens, which leaves no room for a reply (drafting needs {self.max_depth} "
+                "positions past it). Shorten the messages.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return min(wanted, room)
+
+    def sampling(self, request: GenerationRequest) -> SamplingConfig:
+        base = self.default_sampling or SamplingRequest()
+
+        def pick(name: str):
+            given = getattr(request, name)
+            return given if given is not None else getattr(base, name)
+
+        merged = SamplingRequest(
+            temperature=pick("temperature"),
+            top_p=pick("top_p"),
+            top_k=pick("top_k"),
+            repetition_penalty=pick("repetition_penalty"),
+            seed=pick("seed"),
+        )
+        try:
+            return merged.resolve(self.generation_config)
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+
+    def job(self, request: ChatCompletionRequest | CompletionRequest) -> Job:
+        """Everything checked before the job queues (an error here costs no decode time)."""
+        self.check_name(request.model)
+        request.unsupported()
+        stops = request.stop_strings()
+        if isinstance(request, ChatCompletionRequest):
+            prompt = self.chat_prompt(request)
+        else:
+            prompt = self.completion_prompt(request)
+        return Job(prompt, self.budget(prompt, request.requested_tokens()), self.sampling(request), stops)

@@ -1,0 +1,102 @@
+"""The OpenAI response shapes: whole responses, streamed chunks, usage, and tr's own `tr` object
+with the decode statistics (the same definitions of MAT and tokens/s every tr command reports)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from .. import __version__
+from .worker import Finished
+
+FINGERPRINT = f"tr-{__version__}"
+
+
+def usage(finished: Finished) -> dict:
+    prompt, completion = finished.stats.prompt_tokens, finished.stats.new_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def decode_stats(finished: Finished) -> dict:
+    """The `tr` extension: how this reply was decoded."""
+    stats = finished.stats
+    return {
+        "steps": stats.steps,
+        "mean_accepted_tokens": round(stats.mean_accepted_tokens, 4),
+        "tokens_per_second": round(stats.tokens_per_second, 3),
+        "prompt_tokens_reused": finished.reused,
+        "prefill_tokens": stats.prompt_tokens - finished.reused,
+        "prefill_seconds": round(stats.prefill_seconds, 6),
+        "decode_seconds": round(max(stats.wall_seconds - stats.prefill_seconds, 0.0), 6),
+        "queue_seconds": round(finished.queue_seconds, 6),
+    }
+
+
+@dataclass
+class Reply:
+    """One response's identity (chat or text completion) and its builders."""
+
+    chat: bool
+    model: str
+
+    def __post_init__(self) -> None:
+        self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _head(self, object_name: str) -> dict:
+        return {
+            "id": self.id,
+            "object": object_name,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": FINGERPRINT,
+        }
+
+    def whole(self, finished: Finished) -> dict:
+        """The non-streamed response."""
+        if self.chat:
+            choice = {
+                "index": 0,
+                "message": {"role": "assistant", "content": finished.text},
+                "logprobs": None,
+                "finish_reason": finished.finish_reason,
+            }
+            head = self._head("chat.completion")
+        else:
+            choice = {"index": 0, "text": finished.text, "logprobs": None, "finish_reason": finished.finish_reason}
+            head = self._head("text_completion")
+        return {**head, "choices": [choice], "usage": usage(finished), "tr": decode_stats(finished)}
+
+    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False) -> dict:
+        """A streamed chunk with text (the first chat chunk also names the role)."""
+        if self.chat:
+            delta: dict = {}
+            if first:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def last_chunk(self, finished: Finished) -> dict:
+        """The chunk that ends the choice, with tr's statistics."""
+        return {**self.chunk(finish_reason=finished.finish_reason), "tr": decode_stats(finished)}
+
+    def usage_chunk(self, finished: Finished) -> dict:
+        """`stream_options.include_usage`: a last chunk with no choices and the usage."""
+        head = self._head("chat.completion.chunk" if self.chat else "text_completion")
+        return {**head, "choices": [], "usage": usage(finished)}
+
+
+def sse(data: dict | str) -> str:
+    """One server-sent event."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n"
+
+
+SSE_DONE = sse("[DONE]")
+SSE_KEEPALIVE = ": waiting\n\n"  # a comment line: clients ignore it, a closed connection shows

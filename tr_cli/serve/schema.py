@@ -1,0 +1,152 @@
+"""What clients send: the OpenAI request bodies tr serve reads, validated by pydantic.
+
+Fields the API has and tr cannot honour are declared so that a request using them is refused
+with a clear message (`unsupported`) instead of being answered as if they had been applied.
+Fields tr does not know at all are ignored, as most OpenAI-compatible servers do.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import ApiError
+
+MAX_STOP_STRINGS = 4  # the OpenAI API's limit
+MAX_STOP_LENGTH = 256
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: str
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+
+    def text(self, index: int) -> str:
+        """The message's text; parts other than text are refused."""
+        param = f"messages[{index}].content"
+        if self.role in ("tool", "function"):
+            raise ApiError(400, f"messages[{index}]: role '{self.role}' is not supported (no tools)", param=param)
+        if self.content is None:
+            raise ApiError(400, f"messages[{index}]: content is required", param=param)
+        if isinstance(self.content, str):
+            return self.content
+        pieces = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise ApiError(400, f"{param}: only text parts are supported, got '{part.type}'", param=param)
+            pieces.append(part.text)
+        return "".join(pieces)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class GenerationRequest(BaseModel):
+    """The fields /v1/chat/completions and /v1/completions share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
+    stop: str | list[str] | None = None
+    n: Annotated[int, Field(ge=1)] = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # tr's own sampling knobs (what `tr chat` offers; vLLM and llama.cpp accept the same names).
+    top_k: Annotated[int, Field(ge=0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    # Declared so that a request relying on them is refused, not silently answered without them.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: Any = None
+    best_of: int | None = None
+
+    def stop_strings(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ApiError(400, f"stop: at most {MAX_STOP_STRINGS} sequences, got {len(stops)}", param="stop")
+        if any(len(s) > MAX_STOP_LENGTH for s in stops):
+            raise ApiError(400, f"stop: sequences of at most {MAX_STOP_LENGTH} characters", param="stop")
+        return tuple(s for s in stops if s)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def unsupported(self) -> None:
+        """Refuse what tr cannot do (one decode at a time, exact distributions only)."""
+        if self.n != 1:
+            raise ApiError(400, f"n: only 1 choice per request is supported, got {self.n}", param="n")
+        if self.best_of not in (None, 1):
+            raise ApiError(400, "best_of: only 1 is supported", param="best_of")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0, 0.0):
+                raise ApiError(400, f"{name} is not supported (use repetition_penalty)", param=name)
+        if self.logit_bias:
+            raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+        if self.logprobs not in (None, False, 0):
+            raise ApiError(400, "logprobs are not supported", param="logprobs")
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: Annotated[list[Message], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+    def requested_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.tools or self.functions:
+            raise ApiError(400, "tools and functions are not supported", param="tools")
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            raise ApiError(400, "response_format: only 'text' is supported", param="response_format")
+
+    def conversation(self) -> list[dict[str, str]]:
+        """The messages as the chat template takes them ('developer' is the system role)."""
+        return [
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            for i, m in enumerate(self.messages)
+        ]
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+    suffix: str | None = None
+
+    def requested_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.echo:
+            raise ApiError(400, "echo is not supported", param="echo")
+        if self.suffix:
+            raise ApiError(400, "suffix is not supported", param="suffix")
+
+    def prompt_text_or_ids(self) -> str | list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+            if len(prompt) != 1:
+                raise ApiError(400, f"prompt: one prompt per request, got {len(prompt)}", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list) and not prompt:
+            raise ApiError(400, "prompt is empty", param="prompt")
+        return prompt

@@ -1,0 +1,275 @@
+"""One decoder, one request at a time: a thread that takes jobs in arrival order from a bounded
+queue, decodes each with the decoder's step events, and hands text back to the request's event
+loop as it comes.
+
+KV reuse: the decoder keeps the last conversation's tokens and cache. A job whose prompt starts
+with tokens the decoder holds (a chat client resends the whole history every turn) rewinds to the
+longest shared prefix and prefills only the rest; an unrelated prompt starts over, and the old
+conversation joins the recycled store. Only this thread touches the decoder and the matrix, so
+periodic saves run here too, between jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..core import StopCondition, TokenRecyclingDecoder
+from ..core.events import GenerationResult, GenerationStats, track
+from ..core.sampling_config import SamplingConfig
+from ..text.reply_text import ReplyText
+from .errors import ApiError, server_error, unavailable
+
+log = logging.getLogger("tr.serve")
+
+# How the decoder's reasons read in the API: a stop string and EOS are both "stop".
+FINISH_REASONS = {"eos": "stop", "stop_string": "stop", "length": "length"}
+_POLL_SECONDS = 0.2  # how often an idle worker looks at saves and shutdown
+
+
+@dataclass(frozen=True)
+class Started:
+    """The job left the queue: how long it waited, how much of its prompt the cache held."""
+
+    queue_seconds: float
+    reused: int
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    text: str
+    finish_reason: str  # "stop" or "length"
+    result: GenerationResult
+    reused: int  # prompt tokens whose keys and values came from the cache
+    queue_seconds: float
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self.result.stats
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: ApiError
+
+
+Item = Started | Delta | Finished | Failed
+
+
+@dataclass
+class Job:
+    """A decode to run: the whole prompt's tokens (the worker finds what the cache holds)."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: SamplingConfig
+    stops: tuple[str, ...] = ()
+    enqueued: float = field(default_factory=time.perf_counter)
+    _loop: asyncio.AbstractEventLoop | None = None
+    _inbox: asyncio.Queue | None = None
+    _cancel: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._inbox = asyncio.Queue()
+
+    def cancel(self) -> None:
+        """The client is gone: stop between two steps (or skip the job if it still waits)."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    def emit(self, item: Item) -> None:
+        """From the worker thread: hand an item to the request's event loop."""
+        try:
+            self._loop.call_soon_threadsafe(self._inbox.put_nowait, item)
+        except RuntimeError:  # the loop is closed (shutdown): nobody listens any more
+            pass
+
+    async def next(self, timeout: float) -> Item | None:
+        """The next item, or None when `timeout` seconds pass without one."""
+        try:
+            return await asyncio.wait_for(self._inbox.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+
+class QueueFull(Exception):
+    def __init__(self, retry_after: int) -> None:
+        super().__init__("queue full")
+        self.retry_after = retry_after
+
+
+class DecodeWorker:
+    """The thread that owns the decoder. `save(end_conversation)` writes the hot state back; it
+    runs every `save_every` seconds after a job, and at close."""
+
+    def __init__(
+        self,
+        decoder: TokenRecyclingDecoder,
+        tokenizer,
+        eos_token_ids: list[int],
+        queue_size: int = 8,
+        save: Callable[[bool], None] | None = None,
+        save_every: float = 300.0,
+    ) -> None:
+        self.decoder = decoder
+        self.tokenizer = tokenizer
+        self.eos_token_ids = list(eos_token_ids)
+        self._queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
+        self._save = save
+        self.save_every = save_every
+        self._last_save = time.monotonic()
+        self._unsaved = False
+        self._closing = threading.Event()
+        self._recent_seconds = 5.0  # a running mean of job durations, for Retry-After
+        self.running: Job | None = None
+        self.jobs_done = 0
+        self._thread = threading.Thread(target=self._run, name="tr-decode", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def busy(self) -> bool:
+        return self.running is not None
+
+    def submit(self, job: Job) -> None:
+        """Queue a job; QueueFull (with seconds to wait) when the queue is at its bound, an
+        unavailable error when the server is shutting down."""
+        if self._closing.is_set():
+            raise unavailable("the server is shutting down")
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            waiting = self._queue.qsize() + 1
+            raise QueueFull(max(1, round(self._recent_seconds * waiting))) from None
+
+    def stop_accepting(self) -> None:
+        """A signal arrived: refuse new jobs and the queued ones (503); the running one stops
+        between two steps. Safe to call from any thread."""
+        self._closing.set()
+        self._fail_queued()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Shut down: the running job stops between two steps, queued ones are refused (503),
+        then the hot state is saved (the conversation joins the store)."""
+        self._closing.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._fail_queued()
+        if self._save is not None:
+            self._save(True)
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closing.is_set():
+            try:
+                job = self._queue.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                self._save_if_due()
+                continue
+            if job.cancelled:
+                continue
+            self.running = job
+            try:
+                self._serve(job)
+            finally:
+                self.running = None
+            self._save_if_due()
+
+    def _fail_queued(self) -> None:
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            job.emit(Failed(unavailable("the server is shutting down")))
+
+    def _save_if_due(self) -> None:
+        if self._save is None or not self._unsaved or time.monotonic() - self._last_save < self.save_every:
+            return
+        self._save(False)  # the conversation goes on: the next request may extend it
+        self._last_save = time.monotonic()
+        self._unsaved = False
+
+    def _reuse(self, prompt: list[int]) -> int:
+        """Make the decoder hold the longest prefix of `prompt` it can; return how many prompt
+        tokens need no prefill (the cache holds all but the last kept one, which is pending)."""
+        shared = self.decoder.shared_prefix(prompt)
+        if shared == 0:
+            self.decoder.reset()
+            return 0
+        self.decoder.rewind(shared)
+        return shared - 1
+
+    def _serve(self, job: Job) -> None:
+        queue_seconds = time.perf_counter() - job.enqueued
+        begin = time.perf_counter()
+        try:
+            reused = self._reuse(job.prompt)
+            job.emit(Started(queue_seconds, reused))
+            self.decoder.set_sampling(job.sampling)
+            finish = self._decode(job, reused, queue_seconds)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
+            log.exception("decoding failed")
+            self.decoder.reset()  # its state is unknown now
+            job.emit(Failed(server_error(f"decoding failed: {exc}")))
+            return
+        finally:
+            self._unsaved = True
+            self.jobs_done += 1
+            self._recent_seconds = 0.8 * self._recent_seconds + 0.2 * (time.perf_counter() - begin)
+        job.emit(finish)
+
+    def _decode(self, job: Job, reused: int, queue_seconds: float) -> Item:
+        feed = job.prompt[len(self.decoder.tokens) :]
+        stop = StopCondition.build(
+            job.max_new_tokens,
+            self.eos_token_ids,
+            job.stops,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+        )
+        reply = ReplyText(self.tokenizer, job.stops)
+        result = GenerationResult(stats=GenerationStats(prompt_tokens=len(job.prompt)))
+        reason = None
+        steps = self.decoder.steps(feed, stop)
+        try:
+            for event in track(steps, result):
+                delta = reply.push(event.new_tokens)
+                if delta:
+                    job.emit(Delta(delta))
+                reason = event.finish_reason
+                if reason is None and reply.stopped:
+                    reason = "stop_string"  # a stop string longer than the decoder's look-back
+                if reason is not None:
+                    break
+                if job.cancelled or self._closing.is_set():
+                    break  # between two steps: the decoder's state stays consistent
+        finally:
+            steps.close()
+        if reason is None:
+            why = "the server is shutting down" if self._closing.is_set() else "the client went away"
+            log.info("cut after %d tokens: %s", len(result.tokens), why)
+            return Failed(unavailable(f"generation stopped: {why}"))
+        rest = reply.finish()
+        if rest:
+            job.emit(Delta(rest))
+        return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds)

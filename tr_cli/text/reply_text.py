@@ -1,0 +1,72 @@
+"""A reply's text as it streams, cut before its first stop string (the OpenAI API's `stop`).
+
+Deltas never contain text that may turn out to belong to a stop string: the end of the text that
+could still grow into one is held back until the next tokens decide. The final text is the
+tokenizer's decoding of every token, so bytes of a character left incomplete mid-stream are never
+lost, and it equals the streamed deltas joined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .streaming import IncrementalDecoder
+
+
+def first_stop(text: str, stops: Sequence[str]) -> int | None:
+    """Where the earliest stop string starts in `text`; None when none occurs."""
+    found = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(found) if found else None
+
+
+def open_stop_tail(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest end of `text` that a stop string starts with (it may still complete)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+class ReplyText:
+    """Text deltas of a growing token list that are safe to send, and the final text."""
+
+    def __init__(self, tokenizer, stops: Sequence[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stops = tuple(s for s in stops if s)
+        self._decoder = IncrementalDecoder(tokenizer)
+        self._text = ""  # what the incremental decoder returned so far
+        self._sent = 0
+        self.stopped = False  # a stop string was found: nothing more is sent
+
+    def push(self, tokens: list[int]) -> str:
+        """Take new tokens; return the text that can be sent now."""
+        if self.stopped:
+            return ""
+        self._text += self._decoder.push(tokens)
+        cut = first_stop(self._text, self.stops)
+        if cut is not None:
+            self.stopped = True
+            end = cut
+        else:
+            end = len(self._text) - open_stop_tail(self._text, self.stops)
+        return self._advance(end)
+
+    def finish(self) -> str:
+        """The rest of the text once generation ended (held-back text, incomplete bytes)."""
+        final = self.text()
+        return self._advance(len(final), final)
+
+    def text(self) -> str:
+        """The whole reply: every token decoded, cut before the first stop string."""
+        full = self.tokenizer.decode(self._decoder.tokens, skip_special_tokens=True)
+        cut = first_stop(full, self.stops)
+        return full if cut is None else full[:cut]
+
+    def _advance(self, end: int, text: str | None = None) -> str:
+        source = self._text if text is None else text
+        delta = source[self._sent : end] if end > self._sent else ""
+        self._sent = max(self._sent, end)
+        return delta
