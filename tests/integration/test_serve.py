@@ -321,6 +321,8 @@ def test_bad_requests_get_openai_errors_and_change_nothing(engine, tiny_llama_di
         good = {"model": NAME, "messages": MESSAGES, "max_tokens": 4}
         assert "JSON" in error_of(post(b'{"model": "tiny", "messages": ['), 400)["message"]
         assert error_of(post(b"[1, 2]"), 400)["message"]
+        lone = b'{"model": "tiny", "messages": [{"role": "user", "content": "\\ud800"}]}'  # not Unicode
+        assert error_of(post(lone), 400)["param"] == "messages[0].content"
         assert error_of(post({"model": NAME}), 400)["param"] == "messages"
         assert error_of(post({**good, "messages": []}), 400)["param"] == "messages"
         assert error_of(post({**good, "temperature": "hot"}), 400)["param"] == "temperature"
@@ -380,3 +382,27 @@ def test_models_and_health(server):
     health = httpx.get(server.url + "/health", timeout=10).json()
     assert health["status"] == "ok" and health["model"] == NAME
     assert json.dumps(health)
+
+
+def test_state_is_saved_periodically_and_at_close_and_a_failing_save_is_not_fatal(engine):
+    calls: list[bool] = []
+
+    def save(end_conversation: bool) -> None:
+        calls.append(end_conversation)
+        if len(calls) == 1:
+            raise OSError("No space left on device")  # the first save fails
+
+    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids, save=save, save_every=0)
+    with Server(create_app(served_model(engine), worker)) as server:
+        worker.start()
+        api = client(server)
+        for saves in (1, 2):
+            api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=3)
+            deadline = time.monotonic() + 10
+            while len(calls) < saves:
+                assert time.monotonic() < deadline, "no periodic save after a request"
+                time.sleep(0.02)
+        assert calls == [False, False]  # periodic saves keep the conversation going
+        api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=3)  # still serving
+    worker.close(timeout=30)
+    assert calls[-1] is True  # at close the conversation ends and joins the store

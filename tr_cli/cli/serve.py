@@ -186,6 +186,7 @@ def serve(
                 server.run(sockets=[sock])
         finally:
             worker.close(timeout=30)
-        note(f"tr serve: stopped after {worker.jobs_done} requests in {time.monotonic() - started:.0f} s")
+        served_count = f"{worker.jobs_done} request" + ("" if worker.jobs_done == 1 else "s")
+        note(f"tr serve: stopped after {served_count} in {time.monotonic() - started:.0f} s")
     finally:
         sock.close()

@@ -17,6 +17,15 @@ MAX_STOP_STRINGS = 4  # the OpenAI API's limit
 MAX_STOP_LENGTH = 256
 
 
+def checked_text(text: str, param: str) -> str:
+    """`text`, refused when JSON smuggled in what is not Unicode (a lone surrogate escape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ApiError(400, f"{param}: the text holds an unpaired surrogate (\\ud800-\\udfff)", param=param) from None
+    return text
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: str
@@ -36,13 +45,13 @@ class Message(BaseModel):
         if self.content is None:
             raise ApiError(400, f"messages[{index}]: content is required", param=param)
         if isinstance(self.content, str):
-            return self.content
+            return checked_text(self.content, param)
         pieces = []
         for part in self.content:
             if part.type != "text" or part.text is None:
                 raise ApiError(400, f"{param}: only text parts are supported, got '{part.type}'", param=param)
             pieces.append(part.text)
-        return "".join(pieces)
+        return checked_text("".join(pieces), param)
 
 
 class StreamOptions(BaseModel):
@@ -81,7 +90,7 @@ class GenerationRequest(BaseModel):
             raise ApiError(400, f"stop: at most {MAX_STOP_STRINGS} sequences, got {len(stops)}", param="stop")
         if any(len(s) > MAX_STOP_LENGTH for s in stops):
             raise ApiError(400, f"stop: sequences of at most {MAX_STOP_LENGTH} characters", param="stop")
-        return tuple(s for s in stops if s)
+        return tuple(checked_text(s, "stop") for s in stops if s)
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -149,4 +158,4 @@ class CompletionRequest(GenerationRequest):
             prompt = prompt[0]
         if isinstance(prompt, list) and not prompt:
             raise ApiError(400, "prompt is empty", param="prompt")
-        return prompt
+        return checked_text(prompt, "prompt") if isinstance(prompt, str) else prompt

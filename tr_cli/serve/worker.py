@@ -174,8 +174,7 @@ class DecodeWorker:
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._fail_queued()
-        if self._save is not None:
-            self._save(True)
+        self._save_now(True)
 
     # -- the thread -------------------------------------------------------------------------
 
@@ -204,11 +203,20 @@ class DecodeWorker:
             job.emit(Failed(unavailable("the server is shutting down")))
 
     def _save_if_due(self) -> None:
-        if self._save is None or not self._unsaved or time.monotonic() - self._last_save < self.save_every:
+        if not self._unsaved or time.monotonic() - self._last_save < self.save_every:
             return
-        self._save(False)  # the conversation goes on: the next request may extend it
+        self._save_now(False)  # the conversation goes on: the next request may extend it
         self._last_save = time.monotonic()
         self._unsaved = False
+
+    def _save_now(self, end_conversation: bool) -> None:
+        """A failed save is logged; the server goes on (the state stays in memory)."""
+        if self._save is None:
+            return
+        try:
+            self._save(end_conversation)
+        except Exception:  # noqa: BLE001 - never fatal: the next save may work
+            log.exception("saving the matrix failed")
 
     def _reuse(self, prompt: list[int]) -> int:
         """Make the decoder hold the longest prefix of `prompt` it can; return how many prompt
