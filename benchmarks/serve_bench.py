@@ -521,11 +521,13 @@ def measure(
     from openai import OpenAI
 
     cache = real_cache_dir()
+    started = time.perf_counter()
+    # One after the other: A measures t(N) for its tree design at start, which B loading beside it
+    # would distort.
     for server in servers:
         print(f"+ TR_HOME={server.home} {' '.join(server.command)}", flush=True)
         server.start(cache)
-    started = time.perf_counter()
-    wait_ready(servers, args.startup_timeout)
+        wait_ready([server], args.startup_timeout)
     print(f"both servers ready after {time.perf_counter() - started:.1f}s", flush=True)
 
     # No retries: a retried request would be timed as one slow request.

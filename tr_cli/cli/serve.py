@@ -1,8 +1,10 @@
 """`tr serve`: the OpenAI HTTP API on a local port, every request decoded with Token Recycling.
 
 The port is bound before the model loads (a port in use fails at once) and listened on once the
-model is ready. uvicorn serves tr_cli/serve's app; SIGINT and SIGTERM stop it: new and queued
-requests are refused, the running one stops between two steps, the hot state is saved, exit 0.
+model is ready. uvicorn serves tr_cli/serve's app on a thread of its own; the main thread decodes
+(torch runs fastest on the thread that loaded the model, see serve/worker.py). SIGINT and SIGTERM
+stop both: new and queued requests are refused, the running one stops between two steps, the
+responses end, the hot state is saved, exit 0. A second Ctrl-C stops waiting for open connections.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Annotated
@@ -49,18 +52,6 @@ DefaultMaxTokens = Annotated[
 ]
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, which also tells the worker to stop when a signal asks it to exit."""
-
-    def __init__(self, config: uvicorn.Config, worker: DecodeWorker) -> None:
-        super().__init__(config)
-        self.worker = worker
-
-    def handle_exit(self, sig: int, frame) -> None:
-        self.worker.stop_accepting()
-        super().handle_exit(sig, frame)
-
-
 def _bind(host: str, port: int) -> socket.socket:
     """A socket bound (not yet listening) to host:port; a one-line error when that fails."""
     try:
@@ -85,16 +76,30 @@ def _is_loopback(host: str) -> bool:
 
 
 @contextlib.contextmanager
-def _signals_kept() -> Iterator[None]:
-    """uvicorn re-raises the signal that stopped it once it returns; take it here, so that the
-    state is saved and the exit status is 0."""
+def _stopped_by_signals(worker: DecodeWorker, server: uvicorn.Server) -> Iterator[None]:
+    """SIGINT and SIGTERM stop the worker and the HTTP server (a second one: without waiting for
+    open connections) instead of raising, so that the state is saved and the exit status is 0."""
+
+    def stop(signum: int, frame) -> None:
+        if server.should_exit:
+            server.force_exit = True
+        worker.stop_accepting()
+        server.should_exit = True
+
     handled = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, lambda *_: None) for sig in handled}
+    previous = {sig: signal.signal(sig, stop) for sig in handled}
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _wait_started(server: uvicorn.Server, http: threading.Thread) -> None:
+    while not server.started and not server.should_exit:
+        if not http.is_alive():
+            raise UserError("the HTTP server stopped while starting (see the messages above)")
+        time.sleep(0.01)
 
 
 def _access_log() -> None:
@@ -172,20 +177,24 @@ def serve(
         config = uvicorn.Config(
             app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=10
         )
-        server = _Server(config, worker)
+        server = uvicorn.Server(config)
+        http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="tr-http", daemon=True)
         if not _is_loopback(host) and api_key is None:
             warn(f"listening on {host} without --api-key: anyone who can reach this machine can use it")
         sock.listen(128)
         bound_host, bound_port = sock.getsockname()[:2]
         shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-        worker.start()
-        note(f"tr serve: listening on http://{shown}:{bound_port}/v1 (model '{served.name}'; Ctrl-C stops)")
         started = time.monotonic()
         try:
-            with _signals_kept():
-                server.run(sockets=[sock])
+            with _stopped_by_signals(worker, server):
+                http.start()
+                _wait_started(server, http)
+                note(f"tr serve: listening on http://{shown}:{bound_port}/v1 (model '{served.name}'; Ctrl-C stops)")
+                worker.run()
+                server.should_exit = True  # the worker stopped on its own (an error): stop serving too
+                http.join()
         finally:
-            worker.close(timeout=30)
+            worker.close()
         served_count = f"{worker.jobs_done} request" + ("" if worker.jobs_done == 1 else "s")
         note(f"tr serve: stopped after {served_count} in {time.monotonic() - started:.0f} s")
     finally:
