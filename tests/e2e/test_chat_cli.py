@@ -53,20 +53,28 @@ def tiny(tiny_llama_dir):
     return load_model(str(tiny_llama_dir), device="cpu", dtype="float32", cache=cache_dir())
 
 
-def test_piped_reply_is_the_greedy_output(smollm2_fp32, smollm2_checkpoint, tmp_path):
-    prompt = "What is the capital of France?"
-    out = run_piped([str(smollm2_checkpoint), "--dtype", "float32", "-n", "5"], prompt + "\n", tmp_path)
+@pytest.mark.parametrize(
+    "prompt, budget",
+    [
+        ("What is the capital of France?", 5),
+        # A budget that cuts an emoji in two: its bytes used to hold back the whole reply (issue 15).
+        ("Reply with three emoji: 🔥🚀🌊", 16),
+    ],
+)
+def test_piped_reply_is_the_greedy_output(smollm2_fp32, smollm2_checkpoint, tmp_path, prompt, budget):
+    out = run_piped([str(smollm2_checkpoint), "--dtype", "float32", "-n", str(budget)], prompt + "\n", tmp_path)
     assert out.returncode == 0, out.stderr
     ids = encode_prompt(smollm2_fp32.tokenizer, prompt)
     with torch.inference_mode():
         full = smollm2_fp32.model.generate(
             torch.tensor([ids]),
             attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=5,
+            max_new_tokens=budget,
             do_sample=False,
             pad_token_id=2,
         )
     expected = smollm2_fp32.tokenizer.decode(full[0, len(ids) :], skip_special_tokens=True)
+    assert expected.strip()
     assert out.stdout == expected + "\n"
     assert STATS in out.stderr and "rows saved to" in out.stderr
     assert "\x1b" not in out.stdout + out.stderr

@@ -2,13 +2,16 @@
 `tr generate` on the packaged model, a checkpoint directory and a cached Hugging Face id."""
 
 import os
+import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from safetensors.torch import load_file
 
 BIN = Path(sys.executable).parent
 
@@ -165,3 +168,46 @@ def test_error_text_is_not_read_as_markup():
     )
     assert out.exit_code == 1
     assert "model /nope/[bold]x[/bold].gguf: no such file" in out.output
+
+
+@pytest.mark.parametrize("max_new", [5, 16])
+def test_printed_reply_keeps_a_character_cut_by_the_token_budget(smollm2_fp32, smollm2_checkpoint, max_new):
+    """The issue-15 case: emoji cut by the budget used to vanish (the whole reply waited for a
+    character that never completed). What is printed is the decoding of every new token."""
+    import torch
+
+    from tr_cli.text.conversation import encode_prompt
+
+    prompt = "Reply with three emoji: 🔥🚀🌊"
+    out = run("generate", str(smollm2_checkpoint), "--dtype", "float32", "-n", str(max_new), "-p", prompt)
+    assert out.returncode == 0, out.stderr
+    ids = encode_prompt(smollm2_fp32.tokenizer, prompt)
+    with torch.no_grad():
+        generated = smollm2_fp32.model.generate(torch.tensor([ids]), max_new_tokens=max_new, do_sample=False)
+    tokens = generated[0, len(ids) :].tolist()
+    expected = smollm2_fp32.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert any(ord(c) > 0x2000 for c in expected), "the reply has no emoji: the case is not exercised"
+    assert out.stdout == expected + "\n"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_save_what_was_learned(sig, tiny_llama_dir, home):
+    """SIGTERM/SIGHUP mid-generation used to kill tr at once (exit -15/-1) and lose the run's
+    learning; now they leave like Ctrl-C: the matrix is saved, exit status 128 + the signal."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "TR_HOME": str(home)}
+    args = [str(BIN / "tr"), "generate", str(tiny_llama_dir), "--dtype", "float32", "--tree", "paper"]
+    process = subprocess.Popen(
+        [*args, "-n", "1800", "-p", "Tell a long story."], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+    try:
+        assert process.stdout.read(16), "no output before the signal"
+        process.send_signal(sig)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    err = err.decode()
+    assert process.returncode == 128 + sig, err
+    assert "terminated" in err and "Traceback" not in err
+    saved = re.search(r"matrix: [\d,]+ rows saved to (\S+)", err)
+    assert saved, err
+    assert load_file(saved.group(1))  # a whole, valid file

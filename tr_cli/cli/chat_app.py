@@ -128,8 +128,11 @@ class ChatApp:
             if live:
                 view = LiveView(self.console, self.labels, lambda: self.session.stats, self.session.settings.live)
                 with view:
+                    event = None
                     for event in events:
                         view.push(event, text.push(event.new_tokens))
+                    if event is not None:  # a reply ending mid-character keeps those bytes
+                        view.push(event, text.finish())
             else:  # plain text; Console.out applies no markup, wrapping or highlighting
                 last = "\n"
                 for event in events:
@@ -137,6 +140,10 @@ class ChatApp:
                     if delta:
                         self.console.out(delta, end="", highlight=False)
                         last = delta[-1]
+                delta = text.finish()
+                if delta:
+                    self.console.out(delta, end="", highlight=False)
+                    last = delta[-1]
                 if last != "\n":
                     self.console.out("", highlight=False)
         result = self.session.last
@@ -258,7 +265,7 @@ class ChatApp:
                 for event in events:
                     out.write(text.push(event.new_tokens))
                     out.flush()
-                out.write("\n")
+                out.write(text.finish() + "\n")
                 out.flush()
                 self.err.print(stats_line(self.session.last.stats, self.session.settings.verbose))
         finally:

@@ -1,8 +1,9 @@
 """The command line's error boundary: every command runs inside it.
 
 A TrError (bad input, an unusable file, a model tr cannot decode; tr_cli/errors.py) becomes one
-line on stderr and exit status 1; Ctrl-C becomes "interrupted" and exit status 130. Commands
-raise errors and never print them themselves.
+line on stderr and exit status 1; Ctrl-C becomes "interrupted" and exit status 130, SIGTERM and
+SIGHUP "terminated" and 128 + the signal (the matrix is saved on the way out either way).
+Commands raise errors and never print them themselves.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typer.core import TyperGroup
 
 from ..errors import TrError
 from .console import error, stderr
+from .interrupts import Terminated, terminating_signals
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -22,10 +24,14 @@ class ErrorBoundary(TyperGroup):
 
     def invoke(self, ctx: typer.Context):
         try:
-            return super().invoke(ctx)
+            with terminating_signals():
+                return super().invoke(ctx)
         except TrError as exc:
             error(str(exc))
             raise typer.Exit(EXIT_ERROR) from None
+        except Terminated as exc:
+            stderr.print(f"terminated ({exc})")
+            raise typer.Exit(128 + exc.signum) from None
         except KeyboardInterrupt:
             stderr.print("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -97,7 +97,7 @@ def generate(
             sys.stdout.write(text.push(event.new_tokens))
             sys.stdout.flush()
     finally:
-        sys.stdout.write("\n")
+        sys.stdout.write(text.finish() + "\n")  # a reply ending mid-character keeps those bytes
         sys.stdout.flush()  # the reply's line ends before the save's status lines
         save_state(engine)  # also on Ctrl-C: what was learned so far is kept
     note(stats_summary(result.stats))

@@ -1,5 +1,5 @@
-"""Ctrl-C while chatting: a flag checked between decode steps, a double press to leave, and no
-echo of keys typed while a reply streams."""
+"""Signals: Ctrl-C while chatting (a flag checked between decode steps, a double press to
+leave), SIGTERM and SIGHUP (leave, saving), and no echo of keys typed while a reply streams."""
 
 from __future__ import annotations
 
@@ -15,6 +15,38 @@ DOUBLE_INTERRUPT_SECONDS = 1.0
 
 class DoubleInterrupt(KeyboardInterrupt):
     """A second Ctrl-C within a second: leave (saving the matrix), exit status 130."""
+
+
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP (a service manager, a closed terminal): leave as after Ctrl-C, the hot
+    state saved by the `finally` blocks on the way out, exit status 128 + the signal. Not an
+    Exception, so no error handler on the way swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+TERMINATING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def terminating_signals() -> Iterator[None]:
+    """Inside this block SIGTERM and SIGHUP raise Terminated instead of killing the process at
+    once (which lost what the run had learned)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame) -> None:
+        raise Terminated(signum)
+
+    previous = {sig: signal.signal(sig, raise_terminated) for sig in TERMINATING_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class Interrupts:

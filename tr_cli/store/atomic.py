@@ -5,18 +5,45 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..errors import StoreError
 from .timestamps import now_us
+
+# A temp file this old is a write that never finished (the process was killed): no write takes
+# anywhere near this long, so removing it cannot race with a live writer.
+STALE_TEMP_SECONDS = 600
+LOCK_WAIT_SECONDS = 30.0
+
+
+def temp_files(path: Path) -> list[Path]:
+    """The temp files writes of `path` leave while they run."""
+    return sorted(path.parent.glob(f".{glob.escape(path.name)}.*.tmp"))
+
+
+def remove_stale_temp_files(path: Path, older_than: float = STALE_TEMP_SECONDS) -> int:
+    """Delete what killed writes of `path` left behind; how many were removed."""
+    removed = 0
+    now = time.time()
+    for tmp in temp_files(path):
+        with contextlib.suppress(OSError):
+            if now - tmp.stat().st_mtime > older_than:
+                tmp.unlink()
+                removed += 1
+    return removed
 
 
 def atomic_write(path: Path, payload: bytes) -> None:
     """Temp file in the same directory, fsync, rename over the target, fsync the directory:
-    readers see the old file or the new one, never a partial write."""
+    readers see the old file or the new one, never a partial write. Temp files of writes that a
+    SIGKILL cut short are cleaned here, so they never accumulate."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temp_files(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -36,12 +63,25 @@ def atomic_write(path: Path, payload: bytes) -> None:
 
 
 @contextlib.contextmanager
-def locked(path: Path) -> Iterator[None]:
-    """Exclusive lock for read-merge-write on one matrix (a sibling .lock file)."""
+def locked(path: Path, timeout: float = LOCK_WAIT_SECONDS) -> Iterator[None]:
+    """Exclusive lock for read-merge-write on one matrix (a sibling .lock file). Another process
+    holding it longer than `timeout` seconds (a hung tr) is a StoreError naming the lock file,
+    never an endless wait."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "a") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+    lock_path = path.with_name(path.name + ".lock")
+    with open(lock_path, "a") as lock:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreError(
+                        f"{path}: another process has held {lock_path} for over {timeout:g} s (a hung tr?); not written"
+                    ) from None
+                time.sleep(0.05)
         try:
             yield
         finally:

@@ -122,7 +122,7 @@ def test_pure_ascii_delta_per_token():
 
 
 def test_incomplete_character_held_back():
-    """A push ending mid-character returns nothing; the next push returns the whole character."""
+    """A push ending mid-character holds that character back; the next push returns it whole."""
     tok = ByteTokenizer()
     euro = "€".encode()  # 3 bytes
     for piece in (b"a", euro[:1], euro[1:2], euro[2:]):
@@ -134,8 +134,26 @@ def test_incomplete_character_held_back():
     assert dec.push([e1]) == ""
     assert dec.push([e2]) == ""
     assert dec.push([e3]) == "€"
-    assert dec.push([a, e1]) == ""  # the 'a' waits for the character after it
-    assert dec.push([e2, e3, a]) == "a€a"
+    assert dec.push([a, e1]) == "a"  # complete characters never wait for an incomplete one
+    assert dec.push([e2, e3, a]) == "€a"
+    assert dec.push([e1, e2]) == ""
+    assert dec.finish() == "\ufffd"  # generation ended mid-character: the bytes as decode reads them
+    assert dec.finish() == ""
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_complete_characters_stream_although_the_end_is_always_incomplete(seed):
+    """Emoji cut by every token (the issue-15 case): each push ends inside a character, yet all
+    complete emoji before it come out at once, and finish() adds the rest: the deltas add up to
+    the decoding of every token, cut at any length."""
+    tok = ByteTokenizer()
+    ids = tok.encode("🔥🚀🌊" * 4, random.Random(seed), max_piece=3)
+    for end in range(1, len(ids) + 1):
+        dec = IncrementalDecoder(tok)
+        deltas = [dec.push([t]) for t in ids[:end]]
+        full = tok.decode(ids[:end], skip_special_tokens=True)
+        assert "".join(deltas) == full.rstrip("\ufffd")
+        assert "".join(deltas) + dec.finish() == full
 
 
 def test_special_tokens_skipped():
@@ -234,3 +252,16 @@ def test_open_stop_tail_and_first_stop():
     assert open_stop_tail("ab", ["b", "abc"]) == 2
     assert first_stop("one two three", ["three", "two"]) == 4
     assert first_stop("one", ["two"]) is None
+
+
+def test_real_byte_level_tokenizer_cut_at_every_length(smollm2_tokenizer_dir):
+    """SmolLM2's byte-level BPE splits emoji and CJK over several tokens: every prefix of the
+    token list streams to exactly its decoding."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
+    ids = tok.encode("Fire 🔥, rocket 🚀, wave 🌊; 中文字符和日本語 ✓ Ærø", add_special_tokens=False)
+    for end in range(1, len(ids) + 1):
+        dec = IncrementalDecoder(tok)
+        text = "".join(dec.push([t]) for t in ids[:end]) + dec.finish()
+        assert text == tok.decode(ids[:end], skip_special_tokens=True)
