@@ -1,6 +1,7 @@
 """The command line as a user meets it: version, one-line errors (exit 1, no traceback), and
 `tr generate` on the packaged model, a checkpoint directory and a cached Hugging Face id."""
 
+import json
 import os
 import re
 import shutil
@@ -86,9 +87,32 @@ def test_bad_model_argument_is_one_line_error(tmp_path, case):
 def test_bad_options_are_one_line_errors(tmp_path):
     bad_tree = tmp_path / "tree.json"
     bad_tree.write_text("{not json")
+    nested = tmp_path / "nested.json"
+    nested.write_text('{"paths": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    bushy = tmp_path / "bushy.json"
+    bushy.write_text(
+        json.dumps(
+            {
+                "paths": [[a] for a in range(8)]
+                + [[a, b] for a in range(8) for b in range(8)]
+                + [[a, b, c] for a in range(8) for b in range(8) for c in range(8)]
+            }
+        )
+    )
+    deep = tmp_path / "deep.json"
+    deep.write_text(json.dumps({"paths": [[0] * d for d in range(1, 101)]}))
+    negative = tmp_path / "negative.json"
+    negative.write_text(json.dumps({"paths": [[0], [-1]]}))
     for args, expected in [
         (["--tree", "bushy"], "unknown tree"),
         (["--tree", str(bad_tree)], "not a tree spec"),
+        (["--tree", str(nested)], "nested too deeply"),
+        (["--tree", str(deep)], "100 nodes, 100 deep; a tree may have at most 512 nodes and 64 levels"),
+        (["--tree", str(bushy), "--k", "8"], "584 nodes, 3 deep"),
+        (["--tree", str(negative)], "negative"),
+        (["--k", "100000"], "--k 100000: at most 64"),
+        (["--lookup", "100000"], "--lookup 100000: at most 64"),
+        ([""], "MODEL is empty"),
         (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
         (["--dtype", "float8"], "unknown dtype"),
         (["--device", "tpu"], "unknown device"),
@@ -211,3 +235,30 @@ def test_sigterm_and_sighup_save_what_was_learned(sig, tiny_llama_dir, home):
     saved = re.search(r"matrix: [\d,]+ rows saved to (\S+)", err)
     assert saved, err
     assert load_file(saved.group(1))  # a whole, valid file
+
+
+def test_a_prompt_past_the_context_is_refused_before_any_forward_and_the_budget_clamped(tiny_llama_dir, home):
+    """The tiny Llama holds 2,048 positions: a longer prompt is one line at once (it used to run
+    and print garbage); a budget past what is left is clamped with a notice."""
+    model = [str(tiny_llama_dir), "--dtype", "float32", "--tree", "paper", "--no-save"]
+    out = run("generate", *model, "-p", "river " * 3000, env={"TR_HOME": str(home)})
+    assert out.returncode == 1, out.stderr
+    assert "the model's context holds 2,048" in out.stderr and "Traceback" not in out.stderr
+    assert not out.stdout.strip()
+    out = run("generate", *model, "-n", "5000", "-p", "Hello", env={"TR_HOME": str(home)})
+    assert out.returncode == 0, out.stderr
+    assert "--max-new-tokens 5000 clamped to" in out.stderr
+
+
+def test_an_unexpected_failure_is_one_line_and_tr_debug_shows_the_traceback(tiny_llama_dir, home):
+    """A prompt that is not valid UTF-8 (bytes in argv) used to end in a traceback."""
+    args = [str(BIN / "tr"), "generate", str(tiny_llama_dir), "--dtype", "float32", "--tree", "paper", "-n", "4"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "TR_HOME": str(home)}
+    out = subprocess.run([*args, "-p", b"caf\xe9 \xff"], capture_output=True, env=env, timeout=600)
+    err = out.stderr.decode(errors="replace")
+    assert out.returncode == 1 and "Traceback" not in err, err
+    assert "TR_DEBUG=1" in err
+    debug = subprocess.run(
+        [*args, "-p", b"caf\xe9 \xff"], capture_output=True, env={**env, "TR_DEBUG": "1"}, timeout=600
+    )
+    assert debug.returncode != 0 and "Traceback" in debug.stderr.decode(errors="replace")

@@ -2,12 +2,16 @@
 
 A TrError (bad input, an unusable file, a model tr cannot decode; tr_cli/errors.py) becomes one
 line on stderr and exit status 1; Ctrl-C becomes "interrupted" and exit status 130, SIGTERM and
-SIGHUP "terminated" and 128 + the signal (the matrix is saved on the way out either way).
+SIGHUP "terminated" and 128 + the signal (the matrix is saved on the way out either way); any
+other exception one line and exit status 1 (TR_DEBUG=1 shows its traceback for bug reports).
 Commands raise errors and never print them themselves.
 """
 
 from __future__ import annotations
 
+import os
+
+import click
 import typer
 from typer.core import TyperGroup
 
@@ -17,6 +21,21 @@ from .interrupts import Terminated, terminating_signals
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+# Typer's and click's own control flow (exit codes, usage errors): theirs to handle.
+_PASS_THROUGH = (
+    typer.Exit,
+    typer.Abort,
+    click.exceptions.ClickException,
+    click.exceptions.Exit,
+    click.exceptions.Abort,
+)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else "no message"
 
 
 class ErrorBoundary(TyperGroup):
@@ -32,6 +51,13 @@ class ErrorBoundary(TyperGroup):
         except Terminated as exc:
             stderr.print(f"terminated ({exc})")
             raise typer.Exit(128 + exc.signum) from None
+        except _PASS_THROUGH:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen fault: one line, unless debugging
+            if os.environ.get("TR_DEBUG"):
+                raise
+            error(f"unexpected {type(exc).__name__}: {_first_line(exc)} (TR_DEBUG=1 shows the traceback)")
+            raise typer.Exit(EXIT_ERROR) from None
         except KeyboardInterrupt:
             stderr.print("interrupted")
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -13,6 +13,7 @@ from rich.text import Text
 from ..core import GenerationResult, GenerationStats, StopCondition, track
 from ..core.events import tokens_per_second
 from ..core.sampling_config import SamplingConfig
+from ..core.stopping import context_room
 from ..errors import UserError
 from ..models import LoadedModel
 from ..text.conversation import encode_prompt
@@ -81,6 +82,7 @@ def generate(
     engine = open_engine(options)
     loaded, decoder = engine.loaded, engine.decoder
     input_ids = encode_prompt(loaded.tokenizer, prompt)
+    max_new_tokens = _fit_context(max_new_tokens, len(input_ids), loaded.context_length, decoder.max_depth)
     stop = StopCondition.build(
         max_new_tokens,
         loaded.eos_token_ids,
@@ -111,6 +113,21 @@ def generate(
             result.stats.tokens_per_second,
             engine.sampling,
         )
+
+
+def _fit_context(max_new_tokens: int, prompt_tokens: int, context: int | None, max_depth: int) -> int:
+    """Refuse a prompt the model's context cannot hold before any forward (a 25k-token prompt on an
+    8k model used to run for minutes and print garbage); clamp the budget to what is left."""
+    room = context_room(context, 0, prompt_tokens, max_depth)
+    if room is None or room >= max_new_tokens:
+        return max_new_tokens
+    if room < 1:
+        raise UserError(
+            f"the prompt has {prompt_tokens:,} tokens; the model's context holds {context:,} "
+            f"({max_depth} more are needed for drafts): shorten the prompt"
+        )
+    note(f"--max-new-tokens {max_new_tokens} clamped to {room}: what the model's context of {context:,} tokens leaves")
+    return room
 
 
 def stats_summary(stats: GenerationStats) -> str:

@@ -97,8 +97,18 @@ Seed = Annotated[
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Generate at most this many tokens.")]
 
 
+# Sane bounds, checked before anything is allocated: the matrix is |V| x k ids (k = 100,000 asked
+# for 19.7 GB on a 49k vocabulary), and a lookup draft of N tokens is verified in one forward.
+MAX_K = 64
+MAX_LOOKUP = 64
+
+
 def tree_choice(tree: str, k: int, lookup: int | None = None) -> TreeChoice:
     """--tree (and --lookup) resolved and checked against --k."""
+    if k > MAX_K:
+        raise UserError(f"--k {k}: at most {MAX_K} candidates per matrix row (the paper keeps 8)")
+    if lookup is not None and lookup > MAX_LOOKUP:
+        raise UserError(f"--lookup {lookup}: at most {MAX_LOOKUP} tokens deep (default 10)")
     spec = None
     if tree != "auto":
         try:
@@ -153,6 +163,8 @@ def engine_options(
     sampling: SamplingRequest | None,
 ) -> EngineOptions:
     """The shared options as the engine takes them, checked before any model loads."""
+    if model is not None and not model.strip():
+        raise UserError("MODEL is empty; leave it out for the packaged model, or name one")
     if matrix is not None and matrix.exists() and not matrix.is_file():
         raise UserError(f"--matrix {matrix}: not a file")
     return EngineOptions(

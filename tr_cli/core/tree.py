@@ -19,6 +19,10 @@ from pathlib import Path
 
 from .errors import InvalidTree
 
+# Bounds on a tree file: every node is verified in one forward pass, so thousands are never useful.
+MAX_TREE_FILE_BYTES = 1 << 20
+MAX_TREE_NODES = 512
+MAX_TREE_DEPTH = 64
 EXTERNAL = -1  # slot of a node whose token comes from another drafter than the matrix
 
 
@@ -105,18 +109,29 @@ class TreeSpec:
 
     @classmethod
     def from_file(cls, path: Path) -> TreeSpec:
-        """Read a JSON spec: {"name": ..., "paths": [[0], [1], [0, 0], ...]}."""
+        """Read a JSON spec: {"name": ..., "paths": [[0], [1], [0, 0], ...]}, within sane bounds
+        (file size, nodes, depth) checked before anything is built from it."""
         try:
+            size = Path(path).stat().st_size
+            if size > MAX_TREE_FILE_BYTES:
+                raise ValueError(f"{size:,} bytes, more than {MAX_TREE_FILE_BYTES:,}")
             data = json.loads(Path(path).read_text())
             paths = data["paths"] if isinstance(data, dict) else data
             name = data.get("name", Path(path).stem) if isinstance(data, dict) else Path(path).stem
             spec = cls.from_paths(name, [list(map(int, p)) for p in paths])
+        except RecursionError:
+            raise InvalidTree(f"{path}: not a tree spec (nested too deeply to read)") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InvalidTree(
                 f'{path}: not a tree spec ({exc}); expected JSON {{"paths": [[0], [1], [0, 0]]}}'
             ) from None
         if spec.size == 0:
             raise InvalidTree(f"{path}: the tree has no draft nodes; for plain decoding use the preset 'none'")
+        if spec.size > MAX_TREE_NODES or spec.depth > MAX_TREE_DEPTH:
+            raise InvalidTree(
+                f"{path}: {spec.size} nodes, {spec.depth} deep; a tree may have at most {MAX_TREE_NODES} nodes "
+                f"and {MAX_TREE_DEPTH} levels (one forward verifies them all)"
+            )
         return spec
 
     @property
