@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -23,14 +22,10 @@ EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-# Typer's and click's own control flow (exit codes, usage errors): theirs to handle.
-_PASS_THROUGH = (
-    typer.Exit,
-    typer.Abort,
-    click.exceptions.ClickException,
-    click.exceptions.Exit,
-    click.exceptions.Abort,
-)
+def _command_line_flow(exc: BaseException) -> bool:
+    """Typer's and click's own exceptions (exit codes, usage errors, aborts): theirs to handle.
+    Typer ships its own copy of click, so they are recognised by the package that defines them."""
+    return type(exc).__module__.split(".")[0] in ("typer", "click")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -51,10 +46,8 @@ class ErrorBoundary(TyperGroup):
         except Terminated as exc:
             stderr.print(f"terminated ({exc})")
             raise typer.Exit(128 + exc.signum) from None
-        except _PASS_THROUGH:
-            raise
         except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen fault: one line, unless debugging
-            if os.environ.get("TR_DEBUG"):
+            if _command_line_flow(exc) or os.environ.get("TR_DEBUG"):
                 raise
             error(f"unexpected {type(exc).__name__}: {_first_line(exc)} (TR_DEBUG=1 shows the traceback)")
             raise typer.Exit(EXIT_ERROR) from None
