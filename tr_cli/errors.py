@@ -18,6 +18,12 @@ from __future__ import annotations
 from .core.errors import InvalidTree, TrError, UnsupportedAttention
 
 
+def first_line(exc: BaseException) -> str:
+    """An exception as a short reason inside a one-line message (its type when it says nothing)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class UserError(TrError):
     """A problem with what the user asked for; the message says what to do."""
 

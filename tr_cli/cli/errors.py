@@ -14,7 +14,7 @@ import os
 import typer
 from typer.core import TyperGroup
 
-from ..errors import TrError
+from ..errors import TrError, first_line
 from .console import error, stderr
 from .interrupts import Terminated, terminating_signals
 
@@ -26,11 +26,6 @@ def _command_line_flow(exc: BaseException) -> bool:
     """Typer's and click's own exceptions (exit codes, usage errors, aborts): theirs to handle.
     Typer ships its own copy of click, so they are recognised by the package that defines them."""
     return type(exc).__module__.split(".")[0] in ("typer", "click")
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return lines[0] if lines else "no message"
 
 
 class ErrorBoundary(TyperGroup):
@@ -49,7 +44,7 @@ class ErrorBoundary(TyperGroup):
         except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen fault: one line, unless debugging
             if _command_line_flow(exc) or os.environ.get("TR_DEBUG"):
                 raise
-            error(f"unexpected {type(exc).__name__}: {_first_line(exc)} (TR_DEBUG=1 shows the traceback)")
+            error(f"unexpected {type(exc).__name__}: {first_line(exc)} (TR_DEBUG=1 shows the traceback)")
             raise typer.Exit(EXIT_ERROR) from None
         except KeyboardInterrupt:
             stderr.print("interrupted")

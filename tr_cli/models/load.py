@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..core.matrix import output_vocab_size
-from ..errors import ModelError
+from ..errors import ModelError, first_line
 from .device import dtype_name, pick_device, pick_dtype
 from .gguf_cache import gguf_checkpoint
 from .progress import Status, quiet
@@ -62,11 +62,6 @@ def context_limit(model: torch.nn.Module) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 def _location(source: ModelSource, cache: Path, status: Status) -> str:
     """Where transformers loads this source from (a GGUF is converted and cached first)."""
     from transformers.utils import logging as hf_logging
@@ -94,7 +89,7 @@ def _output_rows_of(source: ModelSource, config) -> int:
         return _output_rows(config)
     except Exception as exc:  # noqa: BLE001 - any architecture's own checks: one line, not a traceback
         raise ModelError(
-            f"model {source.model_id}: cannot build it to read its vocabulary ({_first_line(exc)})"
+            f"model {source.model_id}: cannot build it to read its vocabulary ({first_line(exc)})"
         ) from None
 
 
@@ -109,7 +104,7 @@ def load_tokenizer(arg: str | None, *, cache: Path, status: Status = quiet) -> t
         tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=True)
         config = AutoConfig.from_pretrained(location, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"model {source.model_id}: cannot load its tokenizer ({_first_line(exc)})") from None
+        raise ModelError(f"model {source.model_id}: cannot load its tokenizer ({first_line(exc)})") from None
     rows = _output_rows_of(source, config)
     return tokenizer, rows, source
 
@@ -139,7 +134,7 @@ def load_model(
                 raise
             model = AutoModelForCausalLM.from_pretrained(location, attn_implementation="eager", **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"model {source.model_id}: cannot load it as a causal LM ({_first_line(exc)})") from None
+        raise ModelError(f"model {source.model_id}: cannot load it as a causal LM ({first_line(exc)})") from None
     if torch_device.type != "cuda":
         model = model.to(torch_device)
     model.eval()

@@ -20,7 +20,7 @@ import torch
 
 from ..core.design.acceptance_stats import AcceptanceStats
 from ..core.recycled_store import RecycledStore
-from ..errors import MatrixFileError, StoreError, StoreFileError
+from ..errors import MatrixFileError, StoreError, StoreFileError, first_line
 from .acceptance_file import acceptance_path, load_acceptance, save_acceptance
 from .atomic import locked, move_aside
 from .matrix_file import (
@@ -28,7 +28,6 @@ from .matrix_file import (
     MatrixMeta,
     check_compatible,
     default_path,
-    first_line,
     read_matrix,
     tokenizer_fingerprint,
     write_matrix,

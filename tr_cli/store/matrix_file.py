@@ -18,7 +18,7 @@ import torch
 
 from .. import __version__
 from ..core.matrix import rows_filled
-from ..errors import MatrixFileError, StoreError
+from ..errors import MatrixFileError, StoreError, first_line
 from .atomic import atomic_write
 from .paths import data_dir
 from .timestamps import now_us
@@ -106,11 +106,6 @@ class MatrixFile:
         stamps = torch.maximum(self.stamps, other.stamps)
         meta = replace(self.meta, update_count=self.meta.update_count + int(newer.sum()), updated_us=now_us())
         return MatrixFile(matrix, stamps, meta)
-
-
-def first_line(exc: BaseException) -> str:
-    """An exception as a short reason inside a one-line message."""
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def read_matrix(path: Path) -> MatrixFile:

@@ -18,9 +18,9 @@ import torch
 
 from .. import __version__
 from ..core.recycled_store import DEFAULT_CAPACITY, MIN_DOCUMENT, Document, RecycledStore
-from ..errors import StoreError, StoreFileError
+from ..errors import StoreError, StoreFileError, first_line
 from .atomic import atomic_write, locked, move_aside
-from .matrix_file import STORE_SUFFIX, check_fingerprint, first_line
+from .matrix_file import STORE_SUFFIX, check_fingerprint
 
 FORMAT_VERSION = 1
 _TOKENS, _ENDS, _STAMPS = "tokens", "ends", "stamps"
