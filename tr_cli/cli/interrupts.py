@@ -17,6 +17,21 @@ class DoubleInterrupt(KeyboardInterrupt):
     """A second Ctrl-C within a second: leave (saving the matrix), exit status 130."""
 
 
+@contextlib.contextmanager
+def handling(signals: tuple[int, ...], handler: Callable) -> Iterator[None]:
+    """`handler` answers these signals inside the block; the previous handlers come back after.
+    Only the main thread may install handlers: elsewhere the block runs with them unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 class Terminated(BaseException):
     """SIGTERM or SIGHUP (a service manager, a closed terminal): leave as after Ctrl-C, the hot
     state saved by the `finally` blocks on the way out, exit status 128 + the signal. Not an
@@ -30,23 +45,14 @@ class Terminated(BaseException):
 TERMINATING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
-@contextlib.contextmanager
-def terminating_signals() -> Iterator[None]:
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(signum)
+
+
+def terminating_signals() -> contextlib.AbstractContextManager[None]:
     """Inside this block SIGTERM and SIGHUP raise Terminated instead of killing the process at
     once (which lost what the run had learned)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def raise_terminated(signum, frame) -> None:
-        raise Terminated(signum)
-
-    previous = {sig: signal.signal(sig, raise_terminated) for sig in TERMINATING_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return handling(TERMINATING_SIGNALS, _raise_terminated)
 
 
 class Interrupts:
@@ -81,14 +87,8 @@ class Interrupts:
     def deferred(self) -> Iterator[None]:
         """SIGINT raises the flag instead of KeyboardInterrupt inside this block."""
         self.pending = False
-        if threading.current_thread() is not threading.main_thread():
+        with handling((signal.SIGINT,), self._handler):
             yield
-            return
-        previous = signal.signal(signal.SIGINT, self._handler)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

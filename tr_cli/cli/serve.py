@@ -9,7 +9,6 @@ responses end, the hot state is saved, exit 0. A second Ctrl-C stops waiting for
 
 from __future__ import annotations
 
-import contextlib
 import ipaddress
 import logging
 import signal
@@ -17,7 +16,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Annotated
 
 import typer
@@ -30,6 +29,7 @@ from ..serve.requests import ServedModel
 from ..serve.worker import DecodeWorker
 from . import options as opt
 from .console import note, warn
+from .interrupts import handling
 from .options import engine_options, sampling_request
 from .setup import open_engine, save_state
 
@@ -75,8 +75,7 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-@contextlib.contextmanager
-def _stopped_by_signals(worker: DecodeWorker, server: uvicorn.Server) -> Iterator[None]:
+def _stopped_by_signals(worker: DecodeWorker, server: uvicorn.Server) -> AbstractContextManager[None]:
     """SIGINT and SIGTERM stop the worker and the HTTP server (a second one: without waiting for
     open connections) instead of raising, so that the state is saved and the exit status is 0."""
 
@@ -86,13 +85,7 @@ def _stopped_by_signals(worker: DecodeWorker, server: uvicorn.Server) -> Iterato
         worker.stop_accepting()
         server.should_exit = True
 
-    handled = (signal.SIGINT, signal.SIGTERM)
-    previous = {sig: signal.signal(sig, stop) for sig in handled}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    return handling((signal.SIGINT, signal.SIGTERM), stop)
 
 
 def _wait_started(server: uvicorn.Server, http: threading.Thread) -> None:
