@@ -23,7 +23,7 @@ from .errors import ApiError
 from .requests import ServedModel
 from .responses import SSE_DONE, SSE_KEEPALIVE, Reply, sse
 from .schema import ChatCompletionRequest, CompletionRequest
-from .worker import DecodeWorker, Delta, Failed, Finished, Job, QueueFull, Started
+from .worker import DecodeWorker, Delta, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("tr.serve")
 
@@ -256,15 +256,13 @@ def create_app(
                     request.state.error = item.error.message
                     yield sse(item.error.body())
                     return
-                elif isinstance(item, Finished):
+                else:  # Finished
                     request.state.finished = item
                     yield sse(reply.last_chunk(item))
                     if include_usage:
                         yield sse(reply.usage_chunk(item))
                     yield SSE_DONE
                     return
-                elif not isinstance(item, Started):
-                    raise TypeError(f"unexpected worker item {item!r}")
         finally:
             job.cancel()  # a no-op once finished; stops the decode when the client went away
 

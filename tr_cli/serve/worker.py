@@ -38,14 +38,6 @@ _POLL_SECONDS = 0.2  # how often an idle worker looks at saves and shutdown
 
 
 @dataclass(frozen=True)
-class Started:
-    """The job left the queue: how long it waited, how much of its prompt the cache held."""
-
-    queue_seconds: float
-    reused: int
-
-
-@dataclass(frozen=True)
 class Delta:
     text: str
 
@@ -68,7 +60,7 @@ class Failed:
     error: ApiError
 
 
-Item = Started | Delta | Finished | Failed
+Item = Delta | Finished | Failed
 
 
 @dataclass
@@ -246,7 +238,6 @@ class DecodeWorker:
         begin = time.perf_counter()
         try:
             reused = self._reuse(job.prompt)
-            job.emit(Started(queue_seconds, reused))
             self.decoder.set_sampling(job.sampling)
             finish = self._decode(job, reused, queue_seconds)
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down

@@ -40,6 +40,7 @@ class ReplyText:
         self._text = ""  # what the incremental decoder returned so far
         self._sent = 0
         self.stopped = False  # a stop string was found: nothing more is sent
+        self._final: str | None = None  # the whole text, once finished
 
     def push(self, tokens: list[int]) -> str:
         """Take new tokens; return the text that can be sent now."""
@@ -56,11 +57,13 @@ class ReplyText:
 
     def finish(self) -> str:
         """The rest of the text once generation ended (held-back text, incomplete bytes)."""
-        final = self.text()
-        return self._advance(len(final), final)
+        self._final = self.text()
+        return self._advance(len(self._final), self._final)
 
     def text(self) -> str:
         """The whole reply: every token decoded, cut before the first stop string."""
+        if self._final is not None:
+            return self._final
         full = self.tokenizer.decode(self._decoder.tokens, skip_special_tokens=True)
         cut = first_stop(full, self.stops)
         return full if cut is None else full[:cut]
