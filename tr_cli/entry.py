@@ -7,6 +7,12 @@ the Typer app; anything else replaces this process with the next `tr` on PATH th
 with the same arguments, environment, stdin, stdout and stderr, so output and exit status are
 exactly coreutils'. `token-recycling` (tr_cli.cli:main) never passes through.
 
+A `tr` found on PATH may run this one again (a version manager's shim, `exec .../bin/tr "$@"`),
+and it would find that shim first again, forever. So the real paths of the candidates already run
+in this chain travel in $TR_PASSTHROUGH_TRIED (os.pathsep-separated) and are skipped: every
+candidate runs at most once, and the chain ends at coreutils or at a one-line error. Coreutils
+inherits the variable too; it reads no such thing.
+
 This module must stay light (standard library only): `tr a-z A-Z` should cost one Python start,
 not a torch import.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Collection
 
 from .cli_names import COMMANDS, GLOBAL_OPTIONS
 
@@ -25,6 +32,12 @@ from .cli_names import COMMANDS, GLOBAL_OPTIONS
 _RESET_SIGNALS = ("SIGPIPE", "SIGXFZ", "SIGXFSZ")
 # How many bytes of a candidate `tr` are read to recognise a console script of this package.
 _SNIFF_BYTES = 2048
+# Real paths of the candidates this chain of `tr`s has already exec'd (see the module docstring).
+TRIED_VAR = "TR_PASSTHROUGH_TRIED"
+# Each hop adds a distinct candidate, so PATH bounds the chain; this bounds it even when shims
+# keep changing PATH (or a real path holds os.pathsep and so is never recognised).
+_MAX_HOPS = 32
+_HELP_HINT = "(this `tr` is Token Recycling: see `tr --help`)"
 
 
 def is_ours(args: list[str]) -> bool:
@@ -60,10 +73,16 @@ def _is_tr_cli_script(path: str) -> bool:
     return head.startswith(b"#!") and b"tr_cli" in head
 
 
-def find_next_tr(path_env: str | None = None) -> str | None:
-    """The first executable `tr` on PATH that is not this package's: coreutils, busybox, BSD."""
+def tried_candidates() -> list[str]:
+    """Real paths of the `tr`s this chain already passed to, in order (from $TR_PASSTHROUGH_TRIED)."""
+    return [path for path in os.environ.get(TRIED_VAR, "").split(os.pathsep) if path]
+
+
+def find_next_tr(path_env: str | None = None, skip: Collection[str] = ()) -> str | None:
+    """The first executable `tr` on PATH that is not this package's (coreutils, busybox, BSD) and
+    whose real path is not in `skip`."""
     own_files, own_dirs = _own_script_paths()
-    seen: set[str] = set()
+    seen: set[str] = set(skip)
     entries = os.get_exec_path() if path_env is None else path_env.split(os.pathsep)
     for entry in entries:
         candidate = os.path.join(entry or os.curdir, "tr")
@@ -99,20 +118,41 @@ def _original_environment() -> dict[bytes, bytes] | dict[str, str]:
     return env
 
 
+def _with_tried(env: dict, tried: list[str]) -> dict:
+    """`env` with $TR_PASSTHROUGH_TRIED set to `tried`, keyed as `env` is (bytes from /proc or str)."""
+    value = os.pathsep.join(tried)
+    if env and isinstance(next(iter(env)), bytes):
+        env[os.fsencode(TRIED_VAR)] = os.fsencode(value)
+    else:
+        env[TRIED_VAR] = value
+    return env
+
+
+def _no_tr_left(tried: list[str]) -> str:
+    """The one line saying why there is no `tr` left to pass these arguments to."""
+    if not tried:
+        return f"tr: no other `tr` on PATH to pass these arguments to {_HELP_HINT}"
+    named = ", ".join(tried[:3]) + (f" and {len(tried) - 3} more" if len(tried) > 3 else "")
+    return (
+        f"tr: no other `tr` on PATH to pass these arguments to: {named} ran this `tr` again"
+        f" (skipped as listed in ${TRIED_VAR}); put a `tr` that is not a shim for this one on PATH {_HELP_HINT}"
+    )
+
+
 def pass_through(args: list[str]) -> None:
     """Replace this process with the next `tr` on PATH; return only if there is none."""
-    target = find_next_tr()
+    tried = tried_candidates()
+    target = find_next_tr(skip=tried) if len(tried) < _MAX_HOPS else None
     if target is None:
-        sys.stderr.write(
-            "tr: no other `tr` on PATH to pass these arguments to (this `tr` is Token Recycling: see `tr --help`)\n"
-        )
+        sys.stderr.write(_no_tr_left(tried) + "\n")
         sys.exit(127)
     for name in _RESET_SIGNALS:
         number = getattr(signal, name, None)
         if number is not None:
             signal.signal(number, signal.SIG_DFL)
     try:
-        os.execve(target, ["tr", *args], _original_environment())
+        env = _with_tried(_original_environment(), [*tried, os.path.realpath(target)])
+        os.execve(target, ["tr", *args], env)
     except OSError as exc:
         sys.stderr.write(f"tr: cannot run {target}: {exc.strerror}\n")
         sys.exit(126)
