@@ -6,6 +6,7 @@ exit status 1 (tr_cli/cli/errors.py); nothing else prints them.
     ├── InvalidTree            a draft tree spec that is not valid (core)
     ├── UserError              an option, argument or input file that cannot be used as given
     ├── ModelError             a model argument that cannot be resolved or loaded
+    ├── OutputError            standard output that cannot take the text (cli/console.py)
     └── StoreError             stored state (a matrix or store file) that cannot be used
         ├── MatrixFileError    a file that is not a usable matrix
         └── StoreFileError     a file that is not a usable recycled store

@@ -2,6 +2,7 @@
 on a tiny random model and on SmolLM2."""
 
 import json
+import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -210,3 +211,59 @@ def test_bench_smollm2_two_prompts(smollm2_checkpoint):
     assert out.exit_code == 0, out.output
     table = [line for line in out.stdout.splitlines() if line.startswith("| tr ")]
     assert table and table[0].rstrip().endswith("| 2/2 |"), out.stdout
+
+
+# --- limits and output faults ----------------------------------------------------------------
+
+
+def test_output_that_is_a_directory_is_refused_before_the_model_loads(tmp_path):
+    out = runner.invoke(app, ["bench", "--output", str(tmp_path)])
+    assert out.exit_code == 1 and "is a directory" in out.output and len(out.output.strip().splitlines()) == 1
+
+
+def small_context_copy(tiny_llama_dir, tmp_path, positions: int = 256):
+    """The tiny checkpoint with a context of `positions` tokens."""
+    directory = tmp_path / "small-context"
+    shutil.copytree(tiny_llama_dir, directory)
+    config = json.loads((directory / "config.json").read_text())
+    config["max_position_embeddings"] = positions
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def test_prompts_past_the_context_are_skipped_with_a_warning_and_reported(tiny_llama_dir, tmp_path):
+    model = small_context_copy(tiny_llama_dir, tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    records = [
+        {"question_id": "short", "category": "qa", "turns": ["What is a cat?"]},
+        {"question_id": "long", "category": "qa", "turns": ["cat " * 300]},
+        # Each turn fits alone; the conversation with its first reply does not.
+        {"question_id": "two-turn", "category": "qa", "turns": ["dog " * 60, "and again " * 20]},
+    ]
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in records))
+    report_path = tmp_path / "report.json"
+    args = ["bench", str(prompts), "--model", str(model), "--dtype", "float32", "-n", "64", "--warmup", "0"]
+    out = runner.invoke(app, [*args, "--methods", "baseline,tr", "--format", "json", "--output", str(report_path)])
+    assert out.exit_code == 0, out.output
+    warnings = [line for line in out.output.splitlines() if "skipped" in line]
+    assert len(warnings) == 2 and "prompt long skipped" in warnings[0] and "context holds 256" in warnings[0]
+    assert "prompt two-turn skipped" in warnings[1]
+    report = json.loads(report_path.read_text())
+    assert report["methods"]["baseline"]["prompts"] == 1 and report["methods"]["tr"]["prompts"] == 1
+    assert report["environment"]["skipped"] == "2 over the context (long, two-turn)"
+    # With no prompt left, nothing runs.
+    prompts.write_text(json.dumps(records[1]) + "\n")
+    out = runner.invoke(app, [*args, "--methods", "baseline"])
+    assert out.exit_code == 1 and "no prompt fits the model's context of 256 tokens" in out.output
+
+
+def test_a_report_that_cannot_be_written_is_printed_instead(tiny_llama_dir, tmp_path):
+    """The write fails after the whole run (a full disk: /dev/full): the measurements go to
+    stdout, and the command says so and fails."""
+    args = ["bench", "--model", str(tiny_llama_dir), "--dtype", "float32", "--limit", "1", "-n", "8"]
+    out = runner.invoke(app, [*args, "--warmup", "0", "--methods", "baseline", "--format", "json", "-o", "/dev/full"])
+    assert out.exit_code == 1
+    assert "--output /dev/full: the report could not be written (" in out.output
+    assert "it was printed to stdout instead" in out.output
+    report = json.loads(out.stdout[: out.stdout.rindex("}") + 1])
+    assert report["methods"]["baseline"]["prompts"] == 1

@@ -250,15 +250,64 @@ def test_a_prompt_past_the_context_is_refused_before_any_forward_and_the_budget_
     assert "--max-new-tokens 5000 clamped to" in out.stderr
 
 
-def test_an_unexpected_failure_is_one_line_and_tr_debug_shows_the_traceback(tiny_llama_dir, home):
-    """A prompt that is not valid UTF-8 (bytes in argv) used to end in a traceback."""
-    args = [str(BIN / "tr"), "generate", str(tiny_llama_dir), "--dtype", "float32", "--tree", "paper", "-n", "4"]
+@pytest.mark.parametrize("where", ["argv", "stdin"])
+def test_a_prompt_that_is_not_utf8_is_one_line_before_the_model_loads(where, home):
+    """Bytes that are not UTF-8 (in argv or on stdin) reached the tokenizer as lone surrogates and
+    ended in its TypeError."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "TR_HOME": str(home)}
-    out = subprocess.run([*args, "-p", b"caf\xe9 \xff"], capture_output=True, env=env, timeout=600)
+    args = [str(BIN / "tr"), "generate", "-n", "4"]
+    if where == "argv":
+        out = subprocess.run([*args, "-p", b"caf\xe9 \xff"], capture_output=True, env=env, timeout=600)
+    else:
+        out = subprocess.run([*args, "-p", "-"], input=b"caf\xe9 \xff", capture_output=True, env=env, timeout=600)
     err = out.stderr.decode(errors="replace")
     assert out.returncode == 1 and "Traceback" not in err, err
-    assert "TR_DEBUG=1" in err
-    debug = subprocess.run(
-        [*args, "-p", b"caf\xe9 \xff"], capture_output=True, env={**env, "TR_DEBUG": "1"}, timeout=600
+    assert err.strip().splitlines() == [
+        f"tr: error: --prompt{' -' if where == 'stdin' else ''}: byte 0xe9 at character 4 is not valid UTF-8; "
+        "give UTF-8 text"
+    ]
+
+
+def test_a_closed_stdin_is_one_line(home):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "TR_HOME": str(home)}
+    out = subprocess.run(
+        f"exec {BIN / 'tr'} generate -p - <&-", shell=True, capture_output=True, text=True, env=env, timeout=600
     )
-    assert debug.returncode != 0 and "Traceback" in debug.stderr.decode(errors="replace")
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        "tr: error: --prompt -: standard input is closed; pipe the text in"
+    ]
+
+
+def test_tr_home_that_is_a_file_is_one_line(home, tmp_path):
+    (tmp_path / "file").write_text("")
+    out = run("generate", "-p", "hi", env={"TR_HOME": str(tmp_path / "file")})
+    assert out.returncode == 1 and out.stderr.strip().splitlines() == [
+        f"tr: error: TR_HOME={tmp_path / 'file'} is not a directory; "
+        "point TR_HOME at a directory (it is created if missing)"
+    ]
+
+
+def test_stdout_that_fails_still_saves_what_was_learned(tiny_llama_dir, home):
+    """A full device as stdout (/dev/full) is one line and exit 1; a reader that leaves early
+    (`| head -c 1`) is quiet, as with any tool, and exits 128 + SIGPIPE. Both used to skip the save
+    (the reply's last write raised first) and print the error as "unexpected"."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "TR_HOME": str(home)}
+    args = [str(BIN / "tr"), "generate", str(tiny_llama_dir), "--dtype", "float32", "--tree", "paper", "-p", "Hello"]
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([*args, "-n", "8"], stdout=full, stderr=subprocess.PIPE, text=True, env=env, timeout=600)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "tr: error: cannot write to standard output (No space left on device)"
+    assert re.search(r"matrix: [\d,]+ rows saved to", out.stderr) and "Exception ignored" not in out.stderr
+    process = subprocess.Popen([*args, "-n", "1500"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        assert process.stdout.read(1)
+        process.stdout.close()  # the reader leaves
+        _, err = process.communicate(timeout=300)
+    finally:
+        process.kill()
+    err = err.decode()
+    assert process.returncode == 128 + signal.SIGPIPE, err
+    assert "tr: error" not in err and "Traceback" not in err and "Exception ignored" not in err
+    saved = re.search(r"matrix: [\d,]+ rows saved to (\S+)", err)
+    assert saved, err
+    assert load_file(saved.group(1))

@@ -99,6 +99,7 @@ def environment_line(env: dict) -> str:
         "decoding",
         "seed",
         "max_new_tokens",
+        "skipped",
         "pass",
         "matrix",
         "torch",

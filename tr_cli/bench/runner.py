@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.events import StepTimings, mean_accepted_tokens, tokens_per_second
+from ..core.stopping import context_room
 from ..text.conversation import ConversationEncoder, messages_of
 from ..text.prompts import PromptRecord
 from .distribution import DistributionCheck
@@ -63,6 +64,31 @@ def conversation_turns(encoder: ConversationEncoder, system: str | None = None) 
     """How bench turns a prompt's next turn into ids: the whole conversation so far (the method's
     earlier answers as text) through the one conversation encoder, as `tr chat` would rebuild it."""
     return lambda history, text: encoder.encode(messages_of(history, text, system)).ids
+
+
+def over_context(
+    prompts: list[PromptRecord],
+    encode: EncodeTurn,
+    max_new_tokens: int,
+    turns: str,
+    context: int | None,
+    max_depth: int,
+) -> list[tuple[PromptRecord, int]]:
+    """Prompts the model's context cannot hold with every reply at `max_new_tokens` (their last
+    turn sees all earlier ones), each with the tokens it would need. Checked before any forward,
+    the same for every method: a prompt past the context would run for minutes and compare
+    garbage."""
+    if context is None:
+        return []
+    over = []
+    for record in prompts:
+        texts = record.turns if turns == "all" else record.turns[:1]
+        history = [(text, "") for text in texts[:-1]]
+        held = len(encode(history, texts[-1])) + (len(texts) - 1) * max_new_tokens
+        room = context_room(context, 0, held, max_depth)
+        if room < max_new_tokens:
+            over.append((record, held + max_new_tokens + max_depth))
+    return over
 
 
 def median_run(runner: Runner, ids: list[int], max_new_tokens: int, repeats: int) -> Run:

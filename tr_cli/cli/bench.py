@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -17,15 +19,15 @@ from ..bench.distribution import check_tokens
 from ..bench.methods import make_runners, parse_methods, variant_tree
 from ..bench.metrics import summarize
 from ..bench.report import FORMATS, environment, environment_line, render_passes, rows, sampled
-from ..bench.runner import conversation_turns, run_bench
+from ..bench.runner import conversation_turns, over_context, run_bench
 from ..engine.choices import TreeChoice
 from ..engine.engine import Engine
-from ..errors import UserError
+from ..errors import UserError, first_line
 from ..models import device_name
 from ..text.conversation import ConversationEncoder
 from ..text.prompts import SAMPLE, PromptRecord, load_prompts, select_prompts
 from . import options as opt
-from .console import note, stderr
+from .console import note, stderr, warn
 from .options import engine_options, sampling_request, tree_choice
 from .setup import open_engine, save_state
 
@@ -138,8 +140,7 @@ def bench(
         raise UserError(f"--format {fmt}: choose table, md, csv or json")
     if turns not in ("1", "all"):
         raise UserError(f"--turns {turns}: use 1 or all")
-    if output is not None and not output.parent.is_dir():
-        raise UserError(f"--output {output}: directory {output.parent} does not exist")
+    _check_output(output)
     options = engine_options(
         model=model,
         device=device,
@@ -156,6 +157,8 @@ def bench(
 
     decoding = "tr" in chosen or bool(variants)
     engine = open_engine(options, matrix=decoding, decoder="tr" in chosen)
+    encoder = ConversationEncoder(engine.loaded.tokenizer)
+    records, skipped = _fit_context(records, engine, encoder, max_new_tokens, turns, prompts_file)
     torch.manual_seed(seed)  # transformers' sampling draws from torch's global generator
     runners, drafts = make_runners(engine, chosen, variants)
     loaded, sampling = engine.loaded, engine.sampling
@@ -173,8 +176,8 @@ def bench(
         warmup=warmup,
         repeats=repeats,
         seed=seed,
+        skipped=skipped,
     )
-    encoder = ConversationEncoder(loaded.tokenizer)
     reports = []
     try:
         for number in range(1, passes + 1):
@@ -189,6 +192,48 @@ def bench(
     finally:
         save_state(engine)
     _write(reports, fmt, output)
+
+
+def _check_output(output: Path | None) -> None:
+    """Refuse an --output the report cannot be written to before the run, not after it."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise UserError(f"--output {output}: is a directory; name a file to write the report to")
+    if not output.parent.is_dir():
+        raise UserError(f"--output {output}: directory {output.parent} does not exist")
+    writable = os.access(output, os.W_OK) if output.exists() else os.access(output.parent, os.W_OK)
+    if not writable:
+        raise UserError(f"--output {output}: cannot be written here (permissions or a read-only file system)")
+
+
+def _fit_context(
+    records: list[PromptRecord],
+    engine: Engine,
+    encoder: ConversationEncoder,
+    max_new_tokens: int,
+    turns: str,
+    prompts_file: Path,
+) -> tuple[list[PromptRecord], str | None]:
+    """The prompts the model's context holds, and what was skipped (for the report); each
+    skipped prompt is a warning."""
+    context = engine.loaded.context_length
+    max_depth = engine.decoder.max_depth if engine.decoder is not None else 0
+    over = over_context(records, conversation_turns(encoder), max_new_tokens, turns, context, max_depth)
+    if not over:
+        return records, None
+    for record, needed in over:
+        warn(
+            f"{prompts_file}: prompt {record.id} skipped: it needs {needed:,} positions with "
+            f"--max-new-tokens {max_new_tokens}, the model's context holds {context:,}"
+        )
+    skipped = [record for record, _ in over]
+    kept = [record for record in records if not any(record is other for other in skipped)]
+    if not kept:
+        raise UserError(
+            f"{prompts_file}: no prompt fits the model's context of {context:,} tokens; lower --max-new-tokens"
+        )
+    return kept, f"{len(skipped)} over the context ({', '.join(record.id for record in skipped)})"
 
 
 def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> dict:
@@ -259,19 +304,29 @@ def rich_table(report: dict) -> Table:
 
 
 def _write(reports: list[dict], fmt: str, output: Path | None) -> None:
-    if fmt == "table":
-        if output:
-            with output.open("w") as f:
-                console = Console(file=f, width=PIPED_WIDTH, highlight=False)
-                for report in reports:
-                    console.print(rich_table(report))
-        else:
+    """The report on stdout or in `output`; a write that still fails (a full disk) prints it on
+    stdout instead, so the measurements are never lost, and ends in an error."""
+    if output is None:
+        if fmt == "table":
             console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)
             for report in reports:
                 console.print(rich_table(report))
-    elif output:
-        output.write_text(render_passes(reports, fmt))
+        else:
+            typer.echo(render_passes(reports, fmt), nl=False)
+        return
+    if fmt == "table":
+        console = Console(file=io.StringIO(), width=PIPED_WIDTH, highlight=False)
+        for report in reports:
+            console.print(rich_table(report))
+        text = console.file.getvalue()
     else:
-        typer.echo(render_passes(reports, fmt), nl=False)
-    if output:
-        note(f"report written to {output}")
+        text = render_passes(reports, fmt)
+    try:
+        with output.open("w") as f:
+            f.write(text)
+    except OSError as exc:
+        typer.echo(text, nl=False)
+        raise UserError(
+            f"--output {output}: the report could not be written ({first_line(exc)}); it was printed to stdout instead"
+        ) from None
+    note(f"report written to {output}")

@@ -1,9 +1,17 @@
-"""The terminal streams every command writes status to: one stderr console, and its line styles."""
+"""The terminal streams: generated text to stdout (`write_out`), status to one stderr console
+with its line styles."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
+import sys
+
 from rich.console import Console
 from rich.text import Text
+
+from ..core.errors import TrError
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -23,3 +31,33 @@ def error(message: str, console: Console = stderr) -> None:
     line = Text("tr: error:", style="bold red")
     line.append(f" {message}")
     console.print(line, soft_wrap=True)
+
+
+class OutputError(TrError):
+    """Standard output cannot take the text: a reader that left (a closed pipe) or a full or
+    failing device. The command still saves what it learned on its way out."""
+
+    def __init__(self, exc: OSError) -> None:
+        self.reader_left = isinstance(exc, BrokenPipeError)
+        super().__init__(f"cannot write to standard output ({os.strerror(exc.errno) if exc.errno else exc})")
+
+
+def write_out(text: str) -> None:
+    """Generated text to stdout, at once. A failed write is an OutputError; stdout then points to
+    /dev/null, so the writes still on the way out (a reply's last bytes, Python's own flush at exit)
+    neither fail again nor print "Exception ignored"."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        if exc.errno not in (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EINVAL):
+            raise
+        _discard_stdout()
+        raise OutputError(exc) from None
+
+
+def _discard_stdout() -> None:
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)

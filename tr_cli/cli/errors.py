@@ -10,16 +10,18 @@ Commands raise errors and never print them themselves.
 from __future__ import annotations
 
 import os
+import signal
 
 import typer
 from typer.core import TyperGroup
 
 from ..errors import TrError, first_line
-from .console import error, stderr
+from .console import OutputError, error, stderr
 from .interrupts import Terminated, terminating_signals
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_READER_LEFT = 128 + signal.SIGPIPE  # what a tool killed by SIGPIPE reports
 
 
 def _command_line_flow(exc: BaseException) -> bool:
@@ -35,6 +37,11 @@ class ErrorBoundary(TyperGroup):
         try:
             with terminating_signals():
                 return super().invoke(ctx)
+        except OutputError as exc:
+            if exc.reader_left:  # `tr generate | head`: quiet, as any tool whose reader left
+                raise typer.Exit(EXIT_READER_LEFT) from None
+            error(str(exc))
+            raise typer.Exit(EXIT_ERROR) from None
         except TrError as exc:
             error(str(exc))
             raise typer.Exit(EXIT_ERROR) from None

@@ -17,10 +17,11 @@ from ..core.stopping import context_room
 from ..errors import UserError
 from ..models import LoadedModel
 from ..text.conversation import encode_prompt
+from ..text.input_text import checked_input, read_input
 from ..text.prompts import sample_prompts
 from ..text.streaming import IncrementalDecoder
 from . import options as opt
-from .console import note, stderr
+from .console import note, stderr, write_out
 from .live_view import step_split
 from .options import engine_options, sampling_request
 from .setup import open_engine, save_state
@@ -73,9 +74,11 @@ def generate(
         sampling=sampling_request(temperature, top_p, top_k, repetition_penalty, seed),
     )
     if prompt == "-":
-        prompt = sys.stdin.read()
-    if prompt is None:
+        prompt = read_input(sys.stdin, "--prompt -")
+    elif prompt is None:
         prompt = sample_prompts()[0].turns[0]
+    else:
+        prompt = checked_input(prompt, "--prompt")
     if not prompt.strip():
         raise UserError("--prompt is empty; give some text")
 
@@ -96,12 +99,12 @@ def generate(
     result = GenerationResult(stats=GenerationStats(prompt_tokens=len(input_ids)))
     try:
         for event in track(decoder.steps(input_ids, stop), result):
-            sys.stdout.write(text.push(event.new_tokens))
-            sys.stdout.flush()
+            write_out(text.push(event.new_tokens))
     finally:
-        sys.stdout.write(text.finish() + "\n")  # a reply ending mid-character keeps those bytes
-        sys.stdout.flush()  # the reply's line ends before the save's status lines
-        save_state(engine)  # also on Ctrl-C: what was learned so far is kept
+        try:
+            write_out(text.finish() + "\n")  # a reply ending mid-character keeps those bytes
+        finally:
+            save_state(engine)  # also on Ctrl-C or a closed stdout: what was learned so far is kept
     note(stats_summary(result.stats))
     if compare:
         _compare(

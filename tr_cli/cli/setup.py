@@ -64,6 +64,8 @@ def _report(save: Callable[[], Saved], hot: HotMatrix, console: Console, announc
     except Exception as exc:  # noqa: BLE001 - whatever fails, the text and the conversation are kept
         warn(f"could not save the matrix to {hot.path}: {exc}", console)
         return
+    for kept in saved.kept_aside:
+        warn(f"an unreadable file was met while saving; it is kept as {kept}", console)
     if not announce:
         return
     if saved.rows:

@@ -60,6 +60,7 @@ class Engine:
                 cold=options.cold,
                 save=options.save,
             )
+            engine.warnings += engine.hot.warnings
         if decoder:
             engine.decoder = engine.make_decoder(options.tree)
         return engine

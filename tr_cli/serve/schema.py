@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..text.input_text import unicode_problem
 from .errors import ApiError
 
 MAX_STOP_STRINGS = 4  # the OpenAI API's limit
@@ -19,10 +20,9 @@ MAX_STOP_LENGTH = 256
 
 def checked_text(text: str, param: str) -> str:
     """`text`, refused when JSON smuggled in what is not Unicode (a lone surrogate escape)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ApiError(400, f"{param}: the text holds an unpaired surrogate (\\ud800-\\udfff)", param=param) from None
+    problem = unicode_problem(text)
+    if problem:
+        raise ApiError(400, f"{param}: the text holds {problem}", param=param)
     return text
 
 

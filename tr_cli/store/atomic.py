@@ -88,6 +88,12 @@ def locked(path: Path, timeout: float = LOCK_WAIT_SECONDS) -> Iterator[None]:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
+def kept_aside(path: Path) -> set[Path]:
+    """What move_aside kept of `path` and of the files beside it (`<stem>.*.corrupt-<us>`)."""
+    stem = path.name.split(".", 1)[0]
+    return set(path.parent.glob(f"{glob.escape(stem)}.*.corrupt-*"))
+
+
 def move_aside(path: Path) -> Path:
     """Rename an unreadable file to `<name>.corrupt-<us>`: a save never silently overwrites what
     the user may still want to look at."""

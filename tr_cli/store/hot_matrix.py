@@ -13,7 +13,7 @@ own files at the default path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -22,8 +22,9 @@ from ..core.design.acceptance_stats import AcceptanceStats
 from ..core.recycled_store import RecycledStore
 from ..errors import MatrixFileError, StoreError, StoreFileError, first_line
 from .acceptance_file import acceptance_path, load_acceptance, save_acceptance
-from .atomic import locked, move_aside
+from .atomic import kept_aside, locked, move_aside
 from .matrix_file import (
+    OTHER_MODEL_ADVICE,
     MatrixFile,
     MatrixMeta,
     check_compatible,
@@ -37,6 +38,8 @@ from .recycled_file import check_store_compatible, read_store, save_store, store
 from .timestamps import iso, now_us
 
 _YOURS = "move it away, pass another --matrix, or use --cold"
+# --cold does not read the file but saves into it at exit: what is there must be ours to merge into.
+_COLD = "--cold saves into it at exit; move it away, pass another --matrix, or add --no-save"
 _SEEDS = "the starter files shipped with tr are damaged; reinstall tr, or use --cold"
 
 
@@ -47,6 +50,7 @@ class Saved:
     rows: int = 0  # matrix rows
     documents: int = 0  # conversations added to the store
     tokens: int = 0  # their tokens
+    kept_aside: tuple[Path, ...] = ()  # unreadable files met while saving, renamed rather than overwritten
 
 
 @dataclass
@@ -62,6 +66,8 @@ class HotMatrix:
     acceptance: AcceptanceStats  # acceptance by depth and slot, saved beside the file
     store: RecycledStore  # earlier conversations, saved beside the file
     seed: Path | None = None  # the starter matrix this one started from ("seeded")
+    warnings: list[str] = field(default_factory=list)  # for the user, once, before decoding
+    _saved_acceptance: AcceptanceStats | None = None  # the statistics as loaded or last saved
 
     @classmethod
     def open(
@@ -83,6 +89,8 @@ class HotMatrix:
         explicit = path is not None
         path = Path(path) if explicit else default_path(fingerprint, vocab_size, k)
         data, state, seed = MatrixFile.empty(vocab_size, k, fingerprint, model_id), "cold" if cold else "new", None
+        if cold and save:
+            _check_save_target(path, fingerprint, vocab_size, k)
         if not cold and path.exists():
             data, state = _open_matrix(path, fingerprint, vocab_size, k, _YOURS), "hot"
         elif not cold and not explicit:
@@ -93,13 +101,18 @@ class HotMatrix:
                 data.meta = replace(data.meta, model_id=model_id)
         loaded = None if cold else _open_store(path, seed, fingerprint, vocab_size)
         store = loaded if loaded is not None else RecycledStore(vocab_size)
+        warnings: list[str] = []
         if cold:
             acceptance = AcceptanceStats(k, device)
         else:
             own = seed is None or acceptance_path(path).exists()
-            acceptance = load_acceptance(path if own else seed, k, device)
+            acceptance, problem = load_acceptance(path if own else seed, k, device)
+            if problem:
+                warnings.append(f"{problem}; the prior is used, and the file is moved aside at the next save")
         matrix = data.matrix.to(device)
-        return cls(path, matrix, state, data.meta, save, data.matrix.clone(), acceptance, store, seed)
+        hot = cls(path, matrix, state, data.meta, save, data.matrix.clone(), acceptance, store, seed, warnings)
+        hot._saved_acceptance = acceptance.copy()
+        return hot
 
     def fork(self) -> HotMatrix:
         """A copy to decode with that is never saved (bench variants learn on their own copies)."""
@@ -140,9 +153,11 @@ class HotMatrix:
             return Saved()
         failures: list[str] = []
         rows = documents = tokens = 0
+        aside = kept_aside(self.path)
         if self.acceptance.observed_steps:
             try:
-                save_acceptance(self.path, self.acceptance)
+                save_acceptance(self.path, self.acceptance, self._saved_acceptance)
+                self._saved_acceptance = self.acceptance.copy()
             except Exception as exc:  # noqa: BLE001 - one part failing must not cost the others
                 failures.append(f"acceptance statistics to {acceptance_path(self.path)} ({first_line(exc)})")
         try:
@@ -160,7 +175,7 @@ class HotMatrix:
                 failures.append(f"store to {target} ({first_line(exc)})")
         if failures:
             raise StoreError(f"could not save the {'; the '.join(failures)}")
-        return Saved(rows, documents, tokens)
+        return Saved(rows, documents, tokens, tuple(sorted(kept_aside(self.path) - aside)))
 
     def _save_matrix(self) -> int:
         """Rows changed since the last load or save, merged onto the file; how many."""
@@ -189,23 +204,42 @@ class HotMatrix:
         return count
 
 
-def _open_matrix(path: Path, fingerprint: str, vocab_size: int, k: int, advice: str) -> MatrixFile:
+def _open_matrix(
+    path: Path, fingerprint: str, vocab_size: int, k: int, advice: str, other_model: str = OTHER_MODEL_ADVICE
+) -> MatrixFile:
+    """The matrix at `path` for this model; `advice` ends the error for an unreadable file,
+    `other_model` the one for a file of another model."""
     try:
         data = read_matrix(path)
     except MatrixFileError as exc:
         raise MatrixFileError(f"{exc}; {advice}") from None
-    check_compatible(data.meta, fingerprint, vocab_size, k, path)
+    check_compatible(data.meta, fingerprint, vocab_size, k, path, other_model)
     return data
 
 
-def _open_store(path: Path, seed: Path | None, fingerprint: str, vocab_size: int) -> RecycledStore | None:
+def _check_save_target(path: Path, fingerprint: str, vocab_size: int, k: int) -> None:
+    """Files a --cold run would merge into at exit must be this model's matrix and store: a
+    user's other file (or another model's matrix) is refused now, not written over later."""
+    if path.exists():
+        _open_matrix(path, fingerprint, vocab_size, k, _COLD, _COLD)
+    _open_store(path, None, fingerprint, vocab_size, _COLD, _COLD)
+
+
+def _open_store(
+    path: Path,
+    seed: Path | None,
+    fingerprint: str,
+    vocab_size: int,
+    advice: str = _YOURS,
+    other_model: str = OTHER_MODEL_ADVICE,
+) -> RecycledStore | None:
     """The store beside the matrix at `path`, else the one beside the starter matrix; None: neither."""
-    for source, advice in ((store_path(path), _YOURS), (store_path(seed) if seed else None, _SEEDS)):
+    for source, unreadable in ((store_path(path), advice), (store_path(seed) if seed else None, _SEEDS)):
         if source is not None and source.exists():
             try:
                 data = read_store(source)
             except StoreFileError as exc:
-                raise StoreFileError(f"{exc}; {advice}") from None
-            check_store_compatible(data.meta, fingerprint, vocab_size, source)
+                raise StoreFileError(f"{exc}; {unreadable}") from None
+            check_store_compatible(data.meta, fingerprint, vocab_size, source, other_model)
             return data.to_store()
     return None

@@ -24,6 +24,7 @@ from .paths import data_dir
 from .timestamps import now_us
 
 FORMAT_VERSION = 1
+OTHER_MODEL_ADVICE = "use the model's own matrix or --cold"
 SUFFIX = ".safetensors"
 STORE_SUFFIX = ".store" + SUFFIX  # the recycled store kept beside a matrix (recycled_file.py)
 _MATRIX, _STAMPS = "matrix", "row_stamps"
@@ -171,20 +172,23 @@ def list_matrices() -> list[tuple[Path, MatrixFile | None]]:
     return sorted(out, key=lambda item: -(item[1].meta.updated_us if item[1] else 0))
 
 
-def check_compatible(meta: MatrixMeta, fingerprint: str, vocab_size: int, k: int, path: Path) -> None:
+def check_compatible(
+    meta: MatrixMeta, fingerprint: str, vocab_size: int, k: int, path: Path, advice: str = OTHER_MODEL_ADVICE
+) -> None:
     """A matrix file may serve a model only with its shape and its tokenizer's token ids."""
     if meta.vocab_size != vocab_size or meta.k != k:
         raise StoreError(
-            f"{path}: matrix is {meta.vocab_size}x{meta.k} but this model needs {vocab_size}x{k}; "
-            "use the model's own matrix or --cold"
+            f"{path}: matrix is {meta.vocab_size}x{meta.k} but this model needs {vocab_size}x{k}; {advice}"
         )
-    check_fingerprint("matrix", meta.fingerprint, meta.model_id, fingerprint, path)
+    check_fingerprint("matrix", meta.fingerprint, meta.model_id, fingerprint, path, advice)
 
 
-def check_fingerprint(what: str, found: str, model_id: str, fingerprint: str, path: Path) -> None:
+def check_fingerprint(
+    what: str, found: str, model_id: str, fingerprint: str, path: Path, advice: str = OTHER_MODEL_ADVICE
+) -> None:
     """Stored token ids (a matrix's, a store's) mean the same tokens only under the same tokenizer."""
     if found != fingerprint:
         raise StoreError(
             f"{path}: {what} belongs to another tokenizer (fingerprint {found}, model {model_id}); "
-            "its token ids mean other tokens here; use the model's own matrix or --cold"
+            f"its token ids mean other tokens here; {advice}"
         )

@@ -8,12 +8,19 @@ from pathlib import Path
 
 import platformdirs
 
+from ..errors import StoreError
+
 APP = "tr"
 
 
 def _home() -> Path | None:
     value = os.environ.get("TR_HOME")
-    return Path(value).expanduser() if value else None
+    if not value:
+        return None
+    home = Path(value).expanduser()
+    if home.exists() and not home.is_dir():
+        raise StoreError(f"TR_HOME={value} is not a directory; point TR_HOME at a directory (it is created if missing)")
+    return home
 
 
 def data_dir() -> Path:

@@ -20,7 +20,7 @@ from .. import __version__
 from ..core.recycled_store import DEFAULT_CAPACITY, MIN_DOCUMENT, Document, RecycledStore
 from ..errors import StoreError, StoreFileError, first_line
 from .atomic import atomic_write, locked, move_aside
-from .matrix_file import STORE_SUFFIX, check_fingerprint
+from .matrix_file import OTHER_MODEL_ADVICE, STORE_SUFFIX, check_fingerprint
 
 FORMAT_VERSION = 1
 _TOKENS, _ENDS, _STAMPS = "tokens", "ends", "stamps"
@@ -135,14 +135,15 @@ def write_store(path: Path, data: StoreFile) -> None:
     atomic_write(Path(path), payload)
 
 
-def check_store_compatible(meta: StoreMeta, fingerprint: str, vocab_size: int, path: Path) -> None:
+def check_store_compatible(
+    meta: StoreMeta, fingerprint: str, vocab_size: int, path: Path, advice: str = OTHER_MODEL_ADVICE
+) -> None:
     """A store may serve a model only with its tokenizer's token ids."""
     if meta.vocab_size != vocab_size:
         raise StoreError(
-            f"{path}: store is for a vocabulary of {meta.vocab_size:,} but this model has {vocab_size:,}; "
-            "use the model's own matrix or --cold"
+            f"{path}: store is for a vocabulary of {meta.vocab_size:,} but this model has {vocab_size:,}; {advice}"
         )
-    check_fingerprint("store", meta.fingerprint, meta.model_id, fingerprint, path)
+    check_fingerprint("store", meta.fingerprint, meta.model_id, fingerprint, path, advice)
 
 
 def merge_documents(base: list[Document], incoming: list[Document], vocab_size: int, capacity: int) -> list[Document]:

@@ -69,9 +69,11 @@ def _parse_text(text: str) -> list[PromptRecord]:
 
 def read_prompt_file(path: Path) -> list[PromptRecord]:
     """A JSONL file (one record per line) or plain text (one prompt per blank-line-separated block)."""
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path}: no such prompt file")
-    text = read_utf8(path)
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory; name a prompt file")
+    text = read_utf8(path)  # read once: a FIFO (`tr bench <(...)`) or /dev/stdin is read as it comes
     first = next((line for line in text.splitlines() if line.strip()), "")
     if path.suffix in (".jsonl", ".json") or first.lstrip().startswith("{"):
         return _parse_jsonl(text, str(path))

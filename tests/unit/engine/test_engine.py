@@ -42,28 +42,29 @@ def test_tree_choice_defaults():
 def test_stats_live_beside_the_matrix(tmp_path):
     matrix_path = tmp_path / "m.safetensors"
     assert acceptance_path(matrix_path) == tmp_path / "m.accept.json"
-    fresh = load_acceptance(matrix_path, 8, "cpu")
-    assert fresh.observed_steps == 0
+    fresh, problem = load_acceptance(matrix_path, 8, "cpu")
+    assert fresh.observed_steps == 0 and problem is None
     stats = AcceptanceStats(8)
     stats.load_dict({"k": 8, "hits": [[5] * 8], "trials": [[9] * 8]})
     save_acceptance(matrix_path, stats)
-    again = load_acceptance(matrix_path, 8, "cpu")
-    assert again.to_dict() == stats.to_dict()
+    again, problem = load_acceptance(matrix_path, 8, "cpu")
+    assert again.to_dict() == stats.to_dict() and problem is None
     assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_unreadable_stats_start_from_the_prior_and_are_kept_aside(tmp_path):
     matrix_path = tmp_path / "m.safetensors"
     acceptance_path(matrix_path).write_text("{not json")
-    stats = load_acceptance(matrix_path, 8, "cpu")
-    assert stats.observed_steps == 0
+    stats, problem = load_acceptance(matrix_path, 8, "cpu")
+    assert stats.observed_steps == 0 and problem.startswith(f"{acceptance_path(matrix_path)}: unusable")
     save_acceptance(matrix_path, stats)
     kept = list(tmp_path.glob("m.accept.json.corrupt-*"))
     assert len(kept) == 1 and kept[0].read_text() == "{not json"
     assert json.loads(acceptance_path(matrix_path).read_text())["k"] == 8
     # Statistics for another k are not adopted.
     acceptance_path(matrix_path).write_text(json.dumps({"k": 4, "hits": [[1] * 4], "trials": [[2] * 4]}))
-    assert load_acceptance(matrix_path, 8, "cpu").observed_steps == 0
+    stats, problem = load_acceptance(matrix_path, 8, "cpu")
+    assert stats.observed_steps == 0 and "k=4, expected k=8" in problem
 
 
 def test_calibration_is_measured_once_then_read_back(home):

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tr_cli.core import TreeBuffers, TreeSpec
+from tr_cli.core.design.acceptance_stats import AcceptanceStats
 from tr_cli.errors import MatrixFileError, StoreError, StoreFileError
 from tr_cli.store.acceptance_file import acceptance_path
 from tr_cli.store.hot_matrix import HotMatrix, Saved
@@ -110,7 +111,11 @@ def test_a_bad_store_file_is_an_error_at_start_and_left_intact(tmp_path):
     message = str(info.value)
     assert str(store_path(path)) in message and "--cold" in message and "\n" not in message
     assert store_path(path).read_bytes() == b"not a store"
-    assert open_hot(path, cold=True).store.documents == []  # --cold does not read it
+    assert open_hot(path, cold=True, save=False).store.documents == []  # --cold does not read it
+    # ...but --cold saves into it at exit, so with saving on it is refused as well.
+    with pytest.raises(StoreFileError, match="--cold saves into it at exit"):
+        open_hot(path, cold=True)
+    assert store_path(path).read_bytes() == b"not a store"
 
 
 def test_another_tokenizers_store_is_refused_at_start(tmp_path):
@@ -230,3 +235,81 @@ def test_damaged_starter_files_are_an_error_saying_what_to_do(seeds):
 
 def test_the_shipped_starter_directory_is_a_package_folder():
     assert seed_dir().is_dir() and (seed_dir() / "__init__.py").is_file()
+
+
+@pytest.mark.parametrize("content", ["not a matrix", "another model", "another k"])
+def test_cold_refuses_at_start_a_file_it_would_write_over(tmp_path, content):
+    """--cold --matrix FILE saves into FILE at exit: a user's text file named like a matrix, or
+    the matrix of another tokenizer or k, is refused before anything runs and left as it was."""
+    path = tmp_path / "notes.safetensors"
+    if content == "not a matrix":
+        path.write_text("my notes\n")
+    elif content == "another model":
+        write_matrix(path, MatrixFile.empty(VOCAB, K, "someone-else", "x"))
+    else:
+        write_matrix(path, MatrixFile.empty(VOCAB, K * 2, FP, "m"))
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as info:
+        open_hot(path, cold=True)
+    message = str(info.value)
+    assert message.startswith(str(path)) and "--no-save" in message and "\n" not in message
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+    cold = open_hot(path, cold=True, save=False)  # nothing is saved: nothing to protect
+    cold.matrix[3] = 3
+    assert cold.save() == Saved() and path.read_bytes() == before
+
+
+def test_cold_merges_into_this_models_matrix(tmp_path):
+    path = tmp_path / "m.safetensors"
+    hot = open_hot(path)
+    hot.matrix[2] = 2
+    hot.save()
+    cold = open_hot(path, cold=True)
+    assert cold.matrix[2].tolist() == [0] * K  # started empty
+    cold.matrix[3] = 3
+    assert cold.save().rows == 1
+    merged = read_matrix(path).matrix
+    assert merged[2].tolist() == [2] * K and merged[3].tolist() == [3] * K
+
+
+def counted(hot: HotMatrix, steps: int, correct: list[bool]) -> None:
+    buffers = TreeBuffers.build(TreeSpec.from_paths("t", [[0], [1]]))
+    for _ in range(steps):
+        hot.acceptance.record(buffers, torch.tensor(correct))
+
+
+def test_concurrent_sessions_add_up_their_acceptance_counts(tmp_path):
+    """Two processes sharing a matrix each save what they counted; neither overwrites the other
+    (the matrix rows already merge; the statistics beside them must too)."""
+    path = tmp_path / "m.safetensors"
+    first, second = open_hot(path), open_hot(path)
+    counted(first, 3, [True, True, False])
+    counted(second, 5, [True, False, True])
+    first.save()
+    second.save()
+    assert open_hot(path).acceptance.observed_steps == 8
+    counted(first, 2, [True, True, False])  # a later save adds only what was counted since
+    first.save()
+    merged = open_hot(path).acceptance
+    assert merged.observed_steps == 10
+    expected = AcceptanceStats(K)
+    for stats in (first.acceptance, second.acceptance):
+        expected.hits += stats.hits
+        expected.trials += stats.trials
+    assert torch.equal(merged.hits, expected.hits) and torch.equal(merged.trials, expected.trials)
+
+
+NOT_FINITE = f'{{"k": {K}, "hits": [[NaN{", 0" * (K - 1)}]], "trials": [[Infinity{", 1" * (K - 1)}]]}}'
+
+
+@pytest.mark.parametrize("text", [NOT_FINITE, "Infinity", "{not json", "[]"])
+def test_unusable_acceptance_statistics_are_a_warning_and_kept_aside(tmp_path, text):
+    path = tmp_path / "m.safetensors"
+    acceptance_path(path).write_text(text)
+    hot = open_hot(path)
+    assert hot.acceptance.observed_steps == 0
+    assert len(hot.warnings) == 1 and str(acceptance_path(path)) in hot.warnings[0]
+    counted(hot, 1, [True, True, False])
+    saved = hot.save()
+    assert [kept.name.split(".corrupt-")[0] for kept in saved.kept_aside] == [acceptance_path(path).name]
+    assert open_hot(path).acceptance.observed_steps == 1 and open_hot(path).warnings == []

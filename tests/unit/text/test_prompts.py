@@ -47,3 +47,28 @@ def test_select_prompts_filters_in_order():
     assert [r.id for r in select_prompts(records, ["b"], 2, 1, "f")] == ["2"]
     with pytest.raises(UserError, match="z not in f"):
         select_prompts(records, ["z"], None, None, "f")
+
+
+def test_a_fifo_is_read_as_a_prompt_file(tmp_path):
+    """`tr bench <(...)` hands over /dev/fd/N, a pipe: it used to be "no such prompt file"."""
+    import os
+    import threading
+
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "w") as f:
+            f.write('{"question_id": "a", "category": "qa", "turns": ["Hi?"]}\n')
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    try:
+        assert read_prompt_file(fifo) == [PromptRecord("a", "qa", ("Hi?",))]
+    finally:
+        writer.join(timeout=10)
+
+
+def test_a_directory_is_not_a_prompt_file(tmp_path):
+    with pytest.raises(UserError, match="is a directory"):
+        read_prompt_file(tmp_path)

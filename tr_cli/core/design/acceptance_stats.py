@@ -110,6 +110,17 @@ class AcceptanceStats:
         twin.trials.copy_(self.trials)
         return twin
 
+    def plus_counted(self, now: AcceptanceStats, then: AcceptanceStats) -> AcceptanceStats:
+        """These counts plus what `now` counted since it was `then` (another process's table
+        merging onto this one). Clamped to 0 <= hits <= trials: a decay in between leaves
+        negative differences."""
+        merged = self.copy()
+        for mine, later, earlier in ((merged.hits, now.hits, then.hits), (merged.trials, now.trials, then.trials)):
+            mine += (later - earlier.to(later.device)).to(mine.device)
+            mine.clamp_(min=0)
+        torch.minimum(merged.hits, merged.trials, out=merged.hits)
+        return merged
+
     def to_dict(self) -> dict:
         shape = (CONTEXTS, self.max_depth, self.k)
         return {
