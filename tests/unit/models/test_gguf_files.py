@@ -1,0 +1,263 @@
+"""Hostile and damaged GGUF files get one line naming the file, what is wrong and what to do,
+before the conversion where the header tells: tensor data cut short, arrays nested thousands deep,
+a `llama` file without tokenizer or weights. A full disk while caching the converted checkpoint
+leaves no partial checkpoint behind and says how much room it needs and where.
+
+The files are written with the `gguf` package (llama.cpp's writer): a one-layer Llama with a
+byte-level BPE tokenizer that transformers converts in seconds, then damaged."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import struct
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+from typer.testing import CliRunner
+
+from tr_cli.cli import app
+from tr_cli.errors import ModelError
+from tr_cli.models import resolve_model
+from tr_cli.models.gguf_cache import gguf_checkpoint
+from tr_cli.models.gguf_header import MAX_ARRAY_DEPTH, GGUFError, read_header
+
+HIDDEN, FFN, HEADS, KV_HEADS = 32, 64, 4, 2
+TOKENS = [*bytes_to_unicode().values(), "Ġt", "<|endoftext|>"]  # every byte, one merge, end of text
+PACKAGED = resolve_model(None).path
+
+
+def tiny_tensors(seed: int = 0) -> dict[str, np.ndarray]:
+    """A one-layer Llama's weights under llama.cpp's names, in torch order."""
+    rng = np.random.default_rng(seed)
+
+    def weight(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    kv = KV_HEADS * HIDDEN // HEADS
+    return {
+        "token_embd.weight": weight(len(TOKENS), HIDDEN),
+        "output_norm.weight": np.ones(HIDDEN, np.float32),
+        "blk.0.attn_norm.weight": np.ones(HIDDEN, np.float32),
+        "blk.0.attn_q.weight": weight(HIDDEN, HIDDEN),
+        "blk.0.attn_k.weight": weight(kv, HIDDEN),
+        "blk.0.attn_v.weight": weight(kv, HIDDEN),
+        "blk.0.attn_output.weight": weight(HIDDEN, HIDDEN),
+        "blk.0.ffn_norm.weight": np.ones(HIDDEN, np.float32),
+        "blk.0.ffn_gate.weight": weight(FFN, HIDDEN),
+        "blk.0.ffn_up.weight": weight(FFN, HIDDEN),
+        "blk.0.ffn_down.weight": weight(HIDDEN, FFN),
+    }
+
+
+def write_gguf(path: Path, *, tokenizer: bool = True, tensors: dict | None = None, strings: dict | None = None) -> Path:
+    """A tiny `llama` GGUF; `strings`: extra string metadata (after the model's own)."""
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny")
+    writer.add_context_length(64)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(1)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_layer_norm_rms_eps(1e-5)
+    if tokenizer:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_token_list(TOKENS)
+        writer.add_token_merges(["Ġ t"])
+        writer.add_token_types([1] * (len(TOKENS) - 1) + [3])  # the last is a control token
+        writer.add_bos_token_id(len(TOKENS) - 1)
+        writer.add_eos_token_id(len(TOKENS) - 1)
+    for key, value in (strings or {}).items():
+        writer.add_string(key, value)
+    for name, array in (tiny_tensors() if tensors is None else tensors).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def nested_gguf(path: Path, depth: int) -> Path:
+    """The tiny GGUF plus `x.nested`: an array of arrays of ... `depth` deep around one uint32.
+
+    The writer would recurse once per level, so the value is spliced in for a placeholder string
+    whose length keeps the data section aligned (every tensor offset stays valid)."""
+    placeholder = "N" * ((depth * 12 - 4) % 32 or 32)
+    data = write_gguf(path, strings={"x.nested": placeholder}).read_bytes()
+    old = struct.pack("<IQ", 8, len(placeholder)) + placeholder.encode()
+    new = struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * (depth - 1) + struct.pack("<IQI", 4, 1, 7)
+    assert data.count(old) == 1 and (len(new) - len(old)) % 32 == 0
+    path.write_bytes(data.replace(old, new))
+    return path
+
+
+def refusal(path: Path) -> str:
+    with pytest.raises(ModelError) as caught:
+        resolve_model(str(path))
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"model {path}: ")
+    return message
+
+
+def quiet(message: str) -> None:
+    pass
+
+
+def test_the_tiny_gguf_is_whole(tmp_path):
+    """The files below differ from this one only by their damage."""
+    path = write_gguf(tmp_path / "tiny.gguf")
+    header = read_header(path)
+    assert header.data_end == path.stat().st_size
+    assert header.n_parameters == sum(array.size for array in tiny_tensors().values())
+    assert resolve_model(str(path)).kind == "gguf"
+
+
+def test_the_packaged_gguf_passes_and_its_header_counts_its_parameters():
+    header = read_header(PACKAGED)
+    assert header.architecture == "llama" and header.array_lengths["tokenizer.ggml.tokens"] == 49_152
+    assert header.data_end == PACKAGED.stat().st_size
+    assert header.n_parameters == 134_515_008  # SmolLM2-135M's num_parameters() once converted
+    assert resolve_model(None).path == PACKAGED
+
+
+def cut(source: Path, target: Path, fraction: float) -> Path:
+    with open(source, "rb") as f:
+        target.write_bytes(f.read(int(source.stat().st_size * fraction)))
+    return target
+
+
+def test_truncated_tensor_data_is_refused_from_the_header(tmp_path):
+    whole = write_gguf(tmp_path / "tiny.gguf")
+    path = cut(whole, tmp_path / "cut.gguf", 0.6)
+    message = refusal(path)
+    size, left = whole.stat().st_size, path.stat().st_size
+    assert f"truncated GGUF (tensor data ends at byte {size}, file has {left} bytes); download it again" in message
+
+
+def test_the_packaged_model_cut_to_60_percent_is_refused(tmp_path):
+    path = cut(PACKAGED, tmp_path / "SmolLM2.gguf", 0.6)
+    message = refusal(path)
+    assert f"tensor data ends at byte {PACKAGED.stat().st_size}, file has {path.stat().st_size} bytes" in message
+
+
+def test_a_cut_inside_the_header_says_so(tmp_path):
+    path = cut(write_gguf(tmp_path / "tiny.gguf"), tmp_path / "cut.gguf", 0.01)
+    assert "file ends inside the header (truncated?)" in refusal(path)
+
+
+def test_arrays_nested_ten_thousand_deep_are_refused(tmp_path):
+    path = nested_gguf(tmp_path / "nested.gguf", 10_000)
+    with pytest.raises(RecursionError):  # what the readers after ours do with it
+        gguf.GGUFReader(str(path))
+    message = refusal(path)
+    assert f"metadata value 'x.nested' nests arrays more than {MAX_ARRAY_DEPTH} deep" in message
+
+
+def test_the_nesting_bound_is_exact(tmp_path):
+    assert read_header(nested_gguf(tmp_path / "ok.gguf", MAX_ARRAY_DEPTH)).array_lengths["x.nested"] == 1
+    with pytest.raises(GGUFError, match="nests arrays"):
+        read_header(nested_gguf(tmp_path / "deep.gguf", MAX_ARRAY_DEPTH + 1))
+
+
+def test_a_llama_gguf_with_a_bogus_tensor_and_no_tokenizer_says_what_is_missing(tmp_path):
+    path = write_gguf(tmp_path / "bogus.gguf", tokenizer=False, tensors={"bogus.weight": np.zeros((3, 5), np.float32)})
+    message = refusal(path)
+    assert "not a usable 'llama' GGUF" in message
+    assert "no tokenizer (tokenizer.ggml.model and tokenizer.ggml.tokens absent from its metadata)" in message
+    assert "no token_embd.weight tensor (its 1 tensor(s): bogus.weight)" in message
+
+
+def test_a_gguf_without_tensors_is_not_called_truncated(tmp_path):
+    message = refusal(write_gguf(tmp_path / "empty.gguf", tensors={}))
+    assert "no token_embd.weight tensor (it has no tensors)" in message and "truncated" not in message
+
+
+def test_an_embedding_that_does_not_fit_the_metadata_is_refused(tmp_path):
+    tensors = tiny_tensors() | {"token_embd.weight": np.zeros((100, HIDDEN), np.float32)}
+    message = refusal(write_gguf(tmp_path / "embd.gguf", tensors=tensors))
+    assert f"token_embd.weight has shape [{HIDDEN}, 100], but the metadata says [{HIDDEN}, {len(TOKENS)}]" in message
+
+
+def test_a_tensor_transformers_cannot_reshape_is_one_line(tmp_path):
+    """Shapes the header does not pin down fail in the conversion, and still as one line."""
+    tensors = tiny_tensors() | {"blk.0.attn_q.weight": np.zeros((5, 3), np.float32)}
+    path = write_gguf(tmp_path / "q.gguf", tensors=tensors)
+    resolve_model(str(path))  # nothing in the header says it is wrong
+    with pytest.raises(ModelError, match=r"^model q.gguf: transformers cannot convert this GGUF \(cannot reshape"):
+        gguf_checkpoint(path, tmp_path / "cache", quiet)
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["hashes.json"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["cut", "nested", "bogus"],
+)
+def test_the_command_line_prints_one_line(tmp_path, home, monkeypatch, name):
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "400")
+    make = {
+        "cut": lambda p: cut(write_gguf(tmp_path / "whole.gguf"), p, 0.6),
+        "nested": lambda p: nested_gguf(p, 10_000),
+        "bogus": lambda p: write_gguf(p, tokenizer=False, tensors={"bogus.weight": np.zeros((3, 5), np.float32)}),
+    }
+    path = make[name](tmp_path / f"{name}.gguf")
+    out = CliRunner().invoke(app, ["generate", str(path), "-n", "4", "-p", "hi"])
+    assert out.exit_code == 1
+    assert out.output.strip().splitlines() == [out.output.strip()]
+    assert out.output.startswith(f"tr: error: model {path}: ") and "unexpected" not in out.output
+
+
+def no_partial_checkpoint(root: Path) -> bool:
+    return [p.name for p in root.iterdir()] == ["hashes.json"]
+
+
+def test_no_room_for_the_checkpoint_is_refused_before_converting(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "tiny.gguf")
+    root = tmp_path / "cache"
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=1_000_000))
+    said = []
+    with pytest.raises(ModelError) as caught:
+        gguf_checkpoint(path, root, said.append)
+    message = str(caught.value)
+    assert message.startswith(f"model tiny.gguf: not enough disk space to cache its converted checkpoint in {root}")
+    assert "needs about 32 MB (float32), 1 MB free" in message and "TR_HOME" in message
+    assert not any(line.startswith("Converting") for line in said)
+    assert no_partial_checkpoint(root)
+
+
+def full_disk_from_safetensors(model, filename, metadata=None):
+    """What safetensors 0.8 raises when the disk fills up, after writing part of the file."""
+    from safetensors import SafetensorError
+
+    Path(filename).write_bytes(b"\0" * 4096)
+    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+
+def full_disk_from_the_os(model, filename, metadata=None):
+    Path(filename).write_bytes(b"\0" * 4096)
+    raise OSError(errno.ENOSPC, "No space left on device", filename)
+
+
+@pytest.mark.parametrize("failing_save", [full_disk_from_safetensors, full_disk_from_the_os])
+def test_a_disk_that_fills_up_while_caching_leaves_nothing_behind(tmp_path, monkeypatch, failing_save):
+    path = write_gguf(tmp_path / "tiny.gguf")
+    root = tmp_path / "cache"
+    monkeypatch.setattr("safetensors.torch.save_model", failing_save)
+    with pytest.raises(ModelError) as caught:
+        gguf_checkpoint(path, root, quiet)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"model tiny.gguf: the disk filled up while caching its converted checkpoint in {root}")
+    assert "needs about 32 MB" in message and "free some space" in message and "TR_HOME" in message
+    assert no_partial_checkpoint(root)  # the partial checkpoint directory is gone
+
+    monkeypatch.undo()  # room again: the next run converts and caches
+    target = gguf_checkpoint(path, root, quiet)
+    assert (target / "config.json").is_file() and (target / "model.safetensors").is_file()
