@@ -39,6 +39,7 @@ def open_engine(options: EngineOptions, matrix: bool = True, decoder: bool = Tru
     with progress() as status:
         engine = Engine.open(options, status=status, matrix=matrix, decoder=decoder)
     engine.status = status_line  # later calibrations (bench variants)
+    engine.warn = warn
     if banner:
         for line in engine.banner():
             note(line)

@@ -3,31 +3,70 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Callable
 
 import torch
+import transformers
 
 from ..core import TokenRecyclingDecoder
 from ..core.design.cost_model import CostModel
+from ..errors import StoreError
 from ..models import device_name
 from ..store.calibration import read_calibration, write_calibration
 
-CALIBRATION_VERSION = 1
+# 2: the key is the model's shape (class, config without paths or identity, attention), no longer
+# its id and whole config, so a model moved or loaded from another directory is not measured again.
+CALIBRATION_VERSION = 2
+
+# Config fields that say where a model came from or what it is called, not what a step computes:
+# its paths (`_name_or_path`; a GGUF's `_model_name_or_path` is its name), the classes and dtype it
+# was saved with (the running class and dtype go in the key themselves), the transformers that
+# wrote it (the running one does), labels and special-token ids.
+_NOT_SHAPE = re.compile(
+    r".*name_or_path|architectures|dtype|torch_dtype|transformers_version|id2label|label2id|.*_token_ids?"
+)
 
 
-def calibration_key(model: torch.nn.Module, model_id: str, device: torch.device, dtype: torch.dtype, k: int) -> str:
-    """Everything t(N) depends on: device model, threads, torch version, the model's shape, dtype."""
-    config = (
-        model.config.to_json_string(use_diff=False) if hasattr(model.config, "to_json_string") else str(model.config)
-    )
+def model_shape(model: torch.nn.Module) -> dict:
+    """What a step's cost depends on in the model: its class, its config without paths and
+    identity (sizes, layers, attention layout, rope, quantization...) and its attention kernel."""
+    config = model.config
+    if hasattr(config, "to_json_string"):
+        fields = _without_identity(json.loads(config.to_json_string(use_diff=False)))
+    else:
+        fields = str(config)
+    return {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "config": fields,
+        "attention": getattr(config, "_attn_implementation", None),
+    }
+
+
+def _without_identity(value: object) -> object:
+    """`value` with the _NOT_SHAPE fields dropped at every depth (a multimodal model's text and
+    vision configs carry their own)."""
+    if isinstance(value, dict):
+        return {k: _without_identity(v) for k, v in value.items() if not _NOT_SHAPE.fullmatch(str(k))}
+    if isinstance(value, list):
+        return [_without_identity(v) for v in value]
+    return value
+
+
+def calibration_key(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, k: int) -> str:
+    """Everything t(N) depends on: device model, threads, torch and transformers versions, the
+    model's shape, dtype and k. Not the model's id or where its files are: the same shape loaded
+    from anywhere (a new TR_HOME, a copied checkpoint) reads the same measurement."""
+    shape = json.dumps(model_shape(model), sort_keys=True)
     parts = [
         str(CALIBRATION_VERSION),
         device.type,
         device_name(device),
         str(torch.get_num_threads()),
         torch.__version__,
-        model_id,
-        hashlib.sha256(config.encode()).hexdigest(),
+        transformers.__version__,
+        hashlib.sha256(shape.encode()).hexdigest(),
         str(dtype),
         str(k),
     ]
@@ -38,24 +77,33 @@ def load_or_calibrate(
     decoder: TokenRecyclingDecoder,
     model_id: str,
     status: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> CostModel:
-    """The cached t(N) of this device and model, measured now (a few seconds) when missing."""
+    """The cached t(N) of this device and model, measured now (seconds to minutes) when missing or
+    unreadable. A cache that cannot be written goes to `warn` (to `status` without one): the
+    measurement is used for this run all the same. `model_id` is only recorded in the file."""
+    say = status or (lambda message: None)
     dtype = next(decoder.model.parameters()).dtype
-    key = calibration_key(decoder.model, model_id, decoder.device, dtype, decoder.k)
-    cost = read_calibration(key)
-    if cost is not None:
-        return cost
-    if status:
-        status("Measuring step cost t(N) on this device (once per model and device)")
+    key = calibration_key(decoder.model, decoder.device, dtype, decoder.k)
+    try:
+        cost = read_calibration(key)
+        if cost is not None:
+            return cost
+        say("Measuring step cost t(N) on this device (once per model and device)")
+    except StoreError as exc:  # overwritten below by a good measurement
+        say(f"{exc}; measuring step cost t(N) again")
     cost = decoder.measure_cost()
-    write_calibration(
-        key,
-        cost,
-        {
-            "device": device_name(decoder.device),
-            "model": model_id,
-            "dtype": str(dtype),
-            "threads": torch.get_num_threads(),
-        },
-    )
+    try:
+        write_calibration(
+            key,
+            cost,
+            {
+                "device": device_name(decoder.device),
+                "model": model_id,
+                "dtype": str(dtype),
+                "threads": torch.get_num_threads(),
+            },
+        )
+    except StoreError as exc:
+        (warn or say)(str(exc))
     return cost

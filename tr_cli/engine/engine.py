@@ -41,6 +41,7 @@ class Engine:
     decoder: TokenRecyclingDecoder | None = None
     warnings: list[str] = field(default_factory=list)  # to show the user once, before decoding
     status: Status = quiet
+    warn: Status | None = None  # warnings after set-up (a later calibration's failed save)
 
     @classmethod
     def open(cls, options: EngineOptions, status: Status = quiet, matrix: bool = True, decoder: bool = True) -> Engine:
@@ -79,7 +80,9 @@ class Engine:
             lookup_length=choice.lookup_length,
             sampling=self.sampling,
             # A designed tree: t(N) read from the calibration cache, or measured with the decoder.
-            cost=lambda decoder: load_or_calibrate(decoder, self.loaded.model_id, status=self.status),
+            cost=lambda decoder: load_or_calibrate(
+                decoder, self.loaded.model_id, status=self.status, warn=self.warn or self.warnings.append
+            ),
             store=hot.store if choice.spec is None else None,
         )
 
