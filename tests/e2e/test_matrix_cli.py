@@ -77,6 +77,13 @@ def test_export_import_round_trip_and_refusals(home, tiny_llama_dir, tmp_path):
     assert tr("matrix", "export", model, str(exported)).exit_code == 0
     assert exported.read_bytes() == path.read_bytes()
     assert tr("matrix", "export", model, str(exported)).exit_code == 1  # exists, no --force
+    # An output nobody can write is one line (it used to be "unexpected FileExistsError/OSError").
+    (tmp_path / "a-file").write_text("")
+    out = tr("matrix", "export", model, str(tmp_path / "a-file" / "m.safetensors"))
+    assert out.exit_code == 1 and "a-file is not a directory; export to an existing directory" in out.output
+    out = tr("matrix", "export", model, "/proc/m.safetensors")  # the kernel's: no file can be made there
+    assert out.exit_code == 1 and "/proc/m.safetensors: cannot write it (" in out.output
+    assert "unexpected" not in out.output and len(out.output.strip().splitlines()) == 1
 
     # Corrupt, truncated and foreign inputs are refused and leave the store untouched.
     before = path.read_bytes()

@@ -324,9 +324,21 @@ def export(
             raise UserError(f"{target}: exists; pass --force to overwrite it")
     if output.suffix != SUFFIX or output.name.endswith(STORE_SUFFIX):
         raise UserError(f"{output}: matrix files end in {SUFFIX}; name it e.g. {output.with_suffix(SUFFIX).name}")
+    if not output.parent.is_dir():
+        raise UserError(f"{output}: {output.parent} is not a directory; export to an existing directory")
     path, *_ = _store_path_for(model, k)
     if not path.exists():
         raise UserError(f"no stored matrix for {model or 'the default model'} yet ({path}); nothing to export")
+    try:
+        data, store = _export(path, output, output_store)
+    except OSError as exc:  # a read-only or full file system: nothing half written stays (atomic writes)
+        raise UserError(f"{output}: cannot write it ({exc.strerror or exc}); export to a writable directory") from None
+    extra = f" + store of {len(store.documents):,} conversations → {output_store}" if store else ""
+    stderr.print(Text(f"exported {path.name} ({data.rows_filled:,} rows filled) → {output}{extra}"))
+
+
+def _export(path: Path, output: Path, output_store: Path) -> tuple[MatrixFile, StoreFile | None]:
+    """Copy the stored matrix (and its store, when there is one) to `output` (and beside it)."""
     source_store = store_path(path)
     has_store = source_store.exists()
     # The store's lock is held across both copies (taken before the matrix's, as nowhere the
@@ -349,8 +361,7 @@ def export(
         store = copy_store_file(source_store, output_store) if has_store else None
     if store is None:
         output_store.unlink(missing_ok=True)  # a stale one (--force) would be imported with this matrix
-    extra = f" + store of {len(store.documents):,} conversations → {output_store}" if store else ""
-    stderr.print(Text(f"exported {path.name} ({data.rows_filled:,} rows filled) → {output}{extra}"))
+    return data, store
 
 
 @app.command(name="import")
