@@ -40,6 +40,8 @@ def open_engine(options: EngineOptions, matrix: bool = True, decoder: bool = Tru
         engine = Engine.open(options, status=status, matrix=matrix, decoder=decoder)
     engine.status = status_line  # later calibrations (bench variants)
     engine.warn = warn
+    if engine.hot is not None:
+        engine.hot.waiting = note  # a save held up by another process's lock says so
     if banner:
         for line in engine.banner():
             note(line)

@@ -8,6 +8,7 @@ counts as they keep each other's rows."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,11 +46,16 @@ def load_acceptance(matrix_path: Path, k: int, device: torch.device | str) -> tu
         return AcceptanceStats(k, device), f"{path}: unusable acceptance statistics ({first_line(exc)})"
 
 
-def save_acceptance(matrix_path: Path, stats: AcceptanceStats, since: AcceptanceStats | None = None) -> Path:
+def save_acceptance(
+    matrix_path: Path,
+    stats: AcceptanceStats,
+    since: AcceptanceStats | None = None,
+    waiting: Callable[[str], None] | None = None,
+) -> Path:
     """Write `stats`, or, when the file already holds statistics, those plus what `stats` counted
     since `since` (the table as loaded or last saved). An unusable file is moved aside."""
     path = acceptance_path(matrix_path)
-    with locked(path):
+    with locked(path, waiting=waiting):
         result = stats
         if path.exists():
             try:

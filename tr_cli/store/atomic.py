@@ -9,7 +9,7 @@ import glob
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import StoreError
@@ -19,6 +19,7 @@ from .timestamps import now_us
 # anywhere near this long, so removing it cannot race with a live writer.
 STALE_TEMP_SECONDS = 600
 LOCK_WAIT_SECONDS = 30.0
+LOCK_NOTICE_SECONDS = 1.0  # a wait shorter than this is another save finishing: not worth a line
 
 
 def temp_files(path: Path) -> list[Path]:
@@ -63,21 +64,28 @@ def atomic_write(path: Path, payload: bytes) -> None:
 
 
 @contextlib.contextmanager
-def locked(path: Path, timeout: float = LOCK_WAIT_SECONDS) -> Iterator[None]:
+def locked(
+    path: Path, timeout: float = LOCK_WAIT_SECONDS, waiting: Callable[[str], None] | None = None
+) -> Iterator[None]:
     """Exclusive lock for read-merge-write on one matrix (a sibling .lock file). Another process
     holding it longer than `timeout` seconds (a hung tr) is a StoreError naming the lock file,
-    never an endless wait."""
+    never an endless wait; `waiting` hears once, after a second, that the wait has begun."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = path.with_name(path.name + ".lock")
     with open(lock_path, "a") as lock:
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        told = waiting is None
         while True:
             try:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
-                if time.monotonic() >= deadline:
+                waited = time.monotonic() - start
+                if not told and waited >= LOCK_NOTICE_SECONDS:
+                    waiting(f"{lock_path} is held by another process; waiting up to {timeout:g} s to save")
+                    told = True
+                if waited >= timeout:
                     raise StoreError(
                         f"{path}: another process has held {lock_path} for over {timeout:g} s (a hung tr?); not written"
                     ) from None

@@ -13,6 +13,7 @@ own files at the default path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -68,6 +69,7 @@ class HotMatrix:
     seed: Path | None = None  # the starter matrix this one started from ("seeded")
     warnings: list[str] = field(default_factory=list)  # for the user, once, before decoding
     _saved_acceptance: AcceptanceStats | None = None  # the statistics as loaded or last saved
+    waiting: Callable[[str], None] | None = None  # told when a save waits for another process's lock
 
     @classmethod
     def open(
@@ -156,7 +158,7 @@ class HotMatrix:
         aside = kept_aside(self.path)
         if self.acceptance.observed_steps:
             try:
-                save_acceptance(self.path, self.acceptance, self._saved_acceptance)
+                save_acceptance(self.path, self.acceptance, self._saved_acceptance, self.waiting)
                 self._saved_acceptance = self.acceptance.copy()
             except Exception as exc:  # noqa: BLE001 - one part failing must not cost the others
                 failures.append(f"acceptance statistics to {acceptance_path(self.path)} ({first_line(exc)})")
@@ -169,7 +171,7 @@ class HotMatrix:
             fallback = store_path(self.seed) if self.seed else None
             pending = list(self.store.added)
             try:
-                save_store(target, self.store, self.meta.fingerprint, self.meta.model_id, fallback=fallback)
+                save_store(target, self.store, self.meta.fingerprint, self.meta.model_id, fallback, self.waiting)
                 documents, tokens = len(pending), sum(doc.tokens.numel() for doc in pending)
             except Exception as exc:  # noqa: BLE001 - one part failing must not cost the others
                 failures.append(f"store to {target} ({first_line(exc)})")
@@ -184,7 +186,7 @@ class HotMatrix:
         count = int(changed.sum())
         if count == 0:
             return 0
-        with locked(self.path):
+        with locked(self.path, waiting=self.waiting):
             base = MatrixFile.empty(self.meta.vocab_size, self.meta.k, self.meta.fingerprint, self.meta.model_id)
             if self.path.exists():
                 try:

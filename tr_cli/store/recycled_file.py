@@ -11,6 +11,7 @@ each other's conversations and a crash never leaves half a file.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -156,7 +157,12 @@ def merge_documents(base: list[Document], incoming: list[Document], vocab_size: 
 
 
 def save_store(
-    path: Path, store: RecycledStore, fingerprint: str, model_id: str, fallback: Path | None = None
+    path: Path,
+    store: RecycledStore,
+    fingerprint: str,
+    model_id: str,
+    fallback: Path | None = None,
+    waiting: Callable[[str], None] | None = None,
 ) -> StoreFile | None:
     """Merge `store.added` into the file under its lock and clear it; None when nothing was added.
 
@@ -169,7 +175,7 @@ def save_store(
         return None
     path = Path(path)
     meta = StoreMeta(store.vocab_size, fingerprint, model_id, capacity=store.capacity)
-    with locked(path):
+    with locked(path, waiting=waiting):
         base: list[Document] = []
         if path.exists():
             try:

@@ -44,3 +44,16 @@ def test_a_hung_lock_holder_is_a_bounded_wait_and_a_store_error(tmp_path):
         assert time.monotonic() - start < 5
     with locked(target, timeout=0.3):  # released: taken at once
         pass
+
+
+def test_a_wait_for_the_lock_is_announced_once(tmp_path):
+    target = tmp_path / "m.safetensors"
+    heard: list[str] = []
+    with open(tmp_path / "m.safetensors.lock", "a") as held:
+        fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+        with pytest.raises(StoreError), locked(target, timeout=1.6, waiting=heard.append):
+            pass
+    assert heard == [f"{tmp_path / 'm.safetensors.lock'} is held by another process; waiting up to 1.6 s to save"]
+    with locked(target, timeout=5, waiting=heard.append):  # free: no wait, nothing said
+        pass
+    assert len(heard) == 1
