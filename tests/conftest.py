@@ -129,3 +129,20 @@ def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
     for source in smollm2_tokenizer_dir.iterdir():
         shutil.copy(source, directory / source.name)
     return directory
+
+
+@pytest.fixture()
+def small_context_model(tiny_llama_dir, tmp_path):
+    """A factory: the tiny checkpoint copied with a context of `positions` tokens
+    (max_position_embeddings), for running out of context fast."""
+    import json
+
+    def copy(positions: int) -> Path:
+        directory = tmp_path / f"small-context-{positions}"
+        shutil.copytree(tiny_llama_dir, directory)
+        config = json.loads((directory / "config.json").read_text())
+        config["max_position_embeddings"] = positions
+        (directory / "config.json").write_text(json.dumps(config))
+        return directory
+
+    return copy

@@ -2,7 +2,6 @@
 on a tiny random model and on SmolLM2."""
 
 import json
-import shutil
 
 import pytest
 from typer.testing import CliRunner
@@ -221,18 +220,8 @@ def test_output_that_is_a_directory_is_refused_before_the_model_loads(tmp_path):
     assert out.exit_code == 1 and "is a directory" in out.output and len(out.output.strip().splitlines()) == 1
 
 
-def small_context_copy(tiny_llama_dir, tmp_path, positions: int = 256):
-    """The tiny checkpoint with a context of `positions` tokens."""
-    directory = tmp_path / "small-context"
-    shutil.copytree(tiny_llama_dir, directory)
-    config = json.loads((directory / "config.json").read_text())
-    config["max_position_embeddings"] = positions
-    (directory / "config.json").write_text(json.dumps(config))
-    return directory
-
-
-def test_prompts_past_the_context_are_skipped_with_a_warning_and_reported(tiny_llama_dir, tmp_path):
-    model = small_context_copy(tiny_llama_dir, tmp_path)
+def test_prompts_past_the_context_are_skipped_with_a_warning_and_reported(small_context_model, tmp_path):
+    model = small_context_model(256)
     prompts = tmp_path / "prompts.jsonl"
     records = [
         {"question_id": "short", "category": "qa", "turns": ["What is a cat?"]},

@@ -159,6 +159,46 @@ def test_one_line_errors(args, stdin, message, tmp_path):
     assert message in out.stderr
 
 
+@pytest.mark.parametrize("stdin", [b"caf\xe9", None])
+def test_stdin_that_is_not_text_or_closed_is_one_line(stdin, tmp_path):
+    """Bytes that are not UTF-8 used to reach the tokenizer; a closed stdin, `sys.stdin.isatty()`."""
+    command = " ".join([*chat_command(), "<&-" if stdin is None else ""])
+    out = subprocess.run(command, shell=True, input=stdin, capture_output=True, env=environment(tmp_path), timeout=600)
+    expected = "byte 0xe9 at character 4 is not valid UTF-8" if stdin else "standard input is closed"
+    assert out.returncode == 1 and out.stderr.decode().strip().splitlines() == [
+        f"tr: error: tr chat: {expected}; " + ("give UTF-8 text" if stdin else "pipe the text in")
+    ]
+
+
+@pytest.mark.parametrize(
+    "args, stdin, advice",
+    [
+        (
+            [],
+            "word " * 120,
+            "the message from stdin leaves no room for a reply in the model's context (96 tokens); "
+            "pipe in a shorter one",
+        ),
+        (
+            ["--each-line", "-n", "30"],
+            "Hello there\nAnd then?\nMore\nMore again\n",
+            "the conversation fills the model's context (96 tokens) after {answered} messages; pipe fewer --each-line "
+            "messages per run (each run starts a new conversation), or lower --max-new-tokens for shorter replies",
+        ),
+    ],
+)
+def test_piped_context_full_advises_the_next_run(small_context_model, tmp_path, args, stdin, advice):
+    """Piped chat has no /clear: running out of context says what to pipe differently."""
+    model = small_context_model(96)
+    out = run_piped([str(model), "--dtype", "float32", "--tree", "paper", *args], stdin, tmp_path / "home")
+    assert out.returncode == 1
+    answered = out.stderr.count(STATS)  # the replies before it were printed
+    assert out.stdout.count("\n") == answered and (answered > 0) == ("--each-line" in args)
+    errors = [line for line in out.stderr.splitlines() if line.startswith("tr: error:")]
+    assert errors == [f"tr: error: {advice.format(answered=answered)}"]
+    assert "/clear" not in out.stderr
+
+
 # -- a real terminal ---------------------------------------------------------------------------
 
 # Make the pty the controlling terminal of the new session, so Ctrl-C (\x03) becomes SIGINT.
@@ -299,3 +339,27 @@ def test_terminal_plain_completion_model_and_double_ctrl_c(tiny_llama_dir, tmp_p
     assert "rows saved to" in term.text
     assert not COLOR_SGR.search(term.raw.decode("utf-8", "replace"))  # NO_COLOR
     assert not (tmp_path / "home" / "data" / "chat_history").exists()  # TR_NOHISTORY
+
+
+@needs_pty
+def test_terminal_with_a_directory_as_history_file_warns_once_and_chats(tiny_llama_dir, tmp_path):
+    history = tmp_path / "data" / "chat_history"
+    history.mkdir(parents=True)
+    term = Terminal(
+        [*chat_command(), str(tiny_llama_dir), "--dtype", "float32", "-n", "6", "--live", "off", "--tree", "paper"],
+        environment(tmp_path),
+    )
+    try:
+        term.ask("Hello there\r", STATS)
+        term.ask("And then?\r", STATS, 2)
+        term.send("\x04")
+        assert term.wait() == 0
+    finally:
+        term.close()
+    warnings = [line.strip() for line in term.text.splitlines() if "tr: warning:" in line]
+    assert warnings == [
+        f"tr: warning: input history off for this chat: {history} is a directory; remove or rename it, "
+        "or set TR_NOHISTORY=1 to go without"
+    ]
+    assert "Traceback" not in term.text and "Press ENTER" not in term.text
+    assert history.is_dir() and not any(history.iterdir())

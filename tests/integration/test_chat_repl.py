@@ -1,7 +1,7 @@
 """The `tr chat` REPL driven as a person types, through prompt-toolkit's pipe input, on the tiny
 random model: a two-turn conversation, every slash command, multi-line input, Ctrl-C at the
 prompt and during generation (a real SIGINT), Ctrl-D and /bye (0), a double Ctrl-C (130), the
-live panel, the input history file."""
+live panel, the input history file (and one warning, not a broken chat, when it cannot be used)."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def repl(loaded, keys: str, app: ChatApp | None = None, **kwargs) -> Run:
     app = app or make_app(loaded, **kwargs)
     with create_pipe_input() as pipe:
         pipe.send_text(keys)
-        code = app.repl(make_prompt_session(input=pipe, output=DummyOutput()))
+        code = app.repl(make_prompt_session(input=pipe, output=DummyOutput(), err=app.err))
     return Run(code, app.console.export_text(), app.err.export_text(), app)
 
 
@@ -253,6 +253,99 @@ def test_history_file_and_tr_nohistory(tiny, home, monkeypatch):
     monkeypatch.setenv("TR_NOHISTORY", "1")
     repl(tiny, "/show settings\r/bye\r")
     assert not history.exists()
+
+
+def history_warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if "input history" in line]
+
+
+@pytest.mark.parametrize("broken", ["directory", "data dir is a file"])
+def test_unusable_history_file_is_one_warning_and_the_chat_goes_on(tiny, home, broken):
+    history = data_dir() / "chat_history"
+    if broken == "directory":
+        history.mkdir(parents=True)
+    else:
+        data_dir().parent.mkdir(parents=True, exist_ok=True)
+        data_dir().write_text("not a directory")
+    run = repl(tiny, "Hello there\r/show settings\rAnd then?\r/bye\r")
+    assert run.code == 0
+    assert [m["role"] for m in run.session.messages] == ["user", "assistant"] * 2
+    assert run.out.count(" tok/s · MAT ") == 2 and "max_new_tokens  8" in run.out
+    [warning] = history_warnings(run.err)
+    assert warning.startswith("tr: warning: input history off for this chat: ")
+    assert str(history) in warning and "TR_NOHISTORY=1" in warning
+    if broken == "directory":
+        assert "is a directory; remove or rename it" in warning
+        assert history.is_dir() and not any(history.iterdir())  # left as it was
+    else:
+        assert f"cannot be created ({data_dir()} is a file); move that file away" in warning
+        assert data_dir().read_text() == "not a directory"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads and writes any file")
+def test_unreadable_history_file_is_one_warning(tiny, home):
+    history = data_dir() / "chat_history"
+    history.parent.mkdir(parents=True)
+    history.write_text("\n# old\n+secret\n")
+    history.chmod(0o200)
+    try:
+        run = repl(tiny, "Hello there\r/bye\r")
+    finally:
+        history.chmod(0o600)
+    assert run.code == 0 and [m["role"] for m in run.session.messages] == ["user", "assistant"]
+    [warning] = history_warnings(run.err)
+    assert f"{history} is not readable and writable by you; fix its permissions" in warning
+    assert history.read_text() == "\n# old\n+secret\n"
+
+
+def test_history_file_going_bad_mid_chat_is_one_warning(tiny, home):
+    """The file worked at the start, then stops taking input (here: replaced by a directory while
+    the first reply is generated): one warning after that input, later ones stay in memory."""
+    app = make_app(tiny)
+    history = data_dir() / "chat_history"
+    original = app.session.reply
+
+    def reply(text, stop_requested=None):
+        if history.is_file():
+            history.unlink()
+            history.mkdir()
+        return original(text, stop_requested)
+
+    app.session.reply = reply
+    run = repl(tiny, "Hello there\rAnd then?\r/show settings\r/bye\r", app=app)
+    assert run.code == 0
+    assert [m["role"] for m in run.session.messages] == ["user", "assistant"] * 2
+    [warning] = history_warnings(run.err)
+    assert f"{history} is a directory; remove or rename it" in warning
+    assert run.err.count("tr: warning:") == 1
+
+
+def test_context_full_at_the_prompt_suggests_clear_and_the_chat_goes_on(tiny):
+    app = make_app(tiny, max_new_tokens=50)
+    app.session.max_positions = 96  # as a model with max_position_embeddings 96 gives it
+    run = repl(tiny, "Hello there\rAnd then?\rMore\r/clear\rAgain\r/bye\r", app=app)
+    assert run.code == 0
+    assert "the conversation fills the model's context (96 tokens); /clear starts a new one" in run.out
+    assert "Conversation cleared" in run.out
+    assert [m["content"] for m in run.session.messages if m["role"] == "user"] == ["Again"]
+    assert run.session.messages[-1]["role"] == "assistant"
+
+
+def test_context_full_in_piped_mode_advises_the_next_run_not_clear(tiny):
+    """The same rule as at the prompt (ChatSession), in piped mode's words: no /clear there."""
+    from tr_cli.chat.errors import ContextFull
+
+    app = make_app(tiny, max_new_tokens=50)
+    app.session.max_positions = 96
+    with pytest.raises(ContextFull) as full:
+        app.piped(["Hello there", "And then?", "More", "never reached"])
+    message = str(full.value)
+    assert "/clear" not in message
+    assert message.startswith("the conversation fills the model's context (96 tokens) after ")
+    assert "pipe fewer --each-line messages per run" in message and "lower --max-new-tokens" in message
+    answered = [m["content"] for m in app.session.messages if m["role"] == "assistant"]
+    assert answered and app.console.file.getvalue() == "".join(reply + "\n" for reply in answered)
+    assert "rows saved to" in app.err.export_text()  # the matrix is still saved
 
 
 def test_bracketed_paste_is_one_message(tiny):

@@ -64,6 +64,7 @@ class ChatSession:
         self.last: TurnResult | None = None
         self._held = ""  # the text the decoder's tokens stand for (template mode)
         self._stale = False  # decoder state no longer matches the messages: re-prefill next turn
+        self.piped = False  # messages come from stdin, not a person at a prompt (errors advise accordingly)
         self.apply_sampling()
 
     @property
@@ -132,7 +133,10 @@ class ChatSession:
             return wanted
         if room < 1:
             raise ContextFull(
-                f"the conversation fills the model's context ({self.max_positions:,} tokens); /clear starts a new one"
+                self.max_positions,
+                piped=self.piped,
+                earlier_messages=sum(m["role"] == "user" for m in self.messages),
+                system=bool(self.system),
             )
         return min(wanted, room)
 

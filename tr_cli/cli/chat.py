@@ -19,6 +19,7 @@ from rich.console import Console
 from ..chat.session import ChatSession
 from ..chat.settings import LIVE_MODES, Settings
 from ..errors import UserError
+from ..text.input_text import read_input
 from . import options as opt
 from .chat_app import ChatApp
 from .console import note, stderr
@@ -28,7 +29,7 @@ from .setup import open_engine
 
 
 def read_piped(stream, each_line: bool) -> list[str]:
-    data = stream.read()
+    data = read_input(stream, "tr chat")
     if each_line:
         return [line.rstrip("\r") for line in data.split("\n") if line.strip()]
     data = data.rstrip("\r\n")
@@ -95,8 +96,8 @@ def chat(
         sampling=sampling_request(temperature, top_p, top_k, repetition_penalty, seed),
     )
     messages: list[str] | None = None
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        if sys.stdin.isatty():
+    if sys.stdin is None or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        if sys.stdin is not None and sys.stdin.isatty():
             note("reading one message until Ctrl-D (stdout is not a terminal)")
         messages = read_piped(sys.stdin, each_line)
         if not messages:
@@ -130,5 +131,5 @@ def chat(
     else:
         out = Console(highlight=False, no_color=no_color_flag)
         app = ChatApp(engine, session, out, err)
-        code = app.repl(make_prompt_session(no_color=no_color or bool(os.environ.get("NO_COLOR"))))
+        code = app.repl(make_prompt_session(no_color=no_color or bool(os.environ.get("NO_COLOR")), err=err))
     raise typer.Exit(code)

@@ -256,6 +256,7 @@ class ChatApp:
 
     def piped(self, messages: list[str]) -> int:
         """Not a terminal: each message in turn, replies as plain text on stdout, status on stderr."""
+        self.session.piped = True  # no /clear to suggest when the context fills up
         self.banner()
         out = self.console.file
         try:

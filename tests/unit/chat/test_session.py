@@ -177,14 +177,46 @@ def test_clear_forgets_conversation_not_matrix(tiny):
     assert rebuild and ids == encode_prompt(tiny.tokenizer, "Hi")
 
 
-def test_context_full_is_a_message_not_a_crash(tiny):
+@pytest.mark.parametrize("piped", [False, True])
+def test_context_full_is_a_message_not_a_crash(tiny, piped):
     session = new_session(tiny, max_new_tokens=50)
     session.max_positions = 80
+    session.piped = piped
     turn(session, "Hello there")
     assert len(session.decoder.tokens) <= 80 - session.decoder.max_depth  # reply capped to the room left
-    with pytest.raises(ContextFull, match="/clear"):
+    with pytest.raises(ContextFull) as full:
         session.reply("More?")
     assert [m["role"] for m in session.messages] == ["user", "assistant"]
+    message = str(full.value)
+    assert message.startswith("the conversation fills the model's context (80 tokens)")
+    if piped:  # no slash commands on stdin: what to change in the next run instead
+        assert "/clear" not in message
+        assert "after 1 message; pipe fewer --each-line messages per run" in message
+        assert "lower --max-new-tokens" in message
+    else:
+        assert message.endswith("; /clear starts a new one")
+
+
+@pytest.mark.parametrize("piped", [False, True])
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_a_message_too_long_alone_asks_for_a_shorter_one(tiny, piped, system):
+    """/clear cannot help a message that does not fit an empty conversation."""
+    session = new_session(tiny, system=system)
+    session.max_positions = 80
+    session.piped = piped
+    with pytest.raises(ContextFull) as full:
+        session.reply("word " * 100)
+    assert session.messages == []
+    expected = {
+        (False, None): "this message leaves no room for a reply in the model's context (80 tokens); send a shorter one",
+        (False, "Be brief."): "this message leaves no room for a reply in the model's context (80 tokens); "
+        "send a shorter one (or a shorter /system prompt)",
+        (True, None): "the message from stdin leaves no room for a reply in the model's context (80 tokens); "
+        "pipe in a shorter one",
+        (True, "Be brief."): "the message from stdin leaves no room for a reply in the model's context "
+        "(80 tokens); pipe in a shorter one (or a shorter --system)",
+    }
+    assert str(full.value) == expected[piped, system]
 
 
 class PlainTokenizer:
