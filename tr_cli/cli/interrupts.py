@@ -55,6 +55,23 @@ def terminating_signals() -> contextlib.AbstractContextManager[None]:
     return handling(TERMINATING_SIGNALS, _raise_terminated)
 
 
+@contextlib.contextmanager
+def held_back() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP wait until this block is done, then act as they would have
+    (KeyboardInterrupt, Terminated). For the save on the way out: a signal that cut it short
+    (say while it waits up to LOCK_WAIT_SECONDS for another process's lock) lost the run's
+    learning without a word."""
+    received: list[int] = []
+    with handling((signal.SIGINT, *TERMINATING_SIGNALS), lambda signum, frame: received.append(signum)):
+        yield
+    if not received:
+        return
+    signum = received[0]
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Terminated(signum)
+
+
 class Interrupts:
     """Ctrl-C bookkeeping shared by the prompt and generation.
 

@@ -16,6 +16,7 @@ from ..errors import StoreError
 from ..store.hot_matrix import HotMatrix, Saved
 from ..store.recycled_file import store_path
 from .console import note, stderr, warn
+from .interrupts import held_back
 
 
 def status_line(message: str) -> None:
@@ -55,7 +56,8 @@ def save_state(engine: Engine, console: Console = stderr, announce: bool = True,
     written); a failure is a one-line warning, never a lost result. A chat's periodic save passes
     `end_conversation=False`: the conversation goes on."""
     if engine.hot is not None:
-        _report(lambda: engine.save(end_conversation), engine.hot, console, announce)
+        with held_back():  # a signal now acts once the save is done (the save's lock wait is bounded)
+            _report(lambda: engine.save(end_conversation), engine.hot, console, announce)
 
 
 def _report(save: Callable[[], Saved], hot: HotMatrix, console: Console, announce: bool) -> None:
