@@ -15,10 +15,14 @@ from ..core.design.cost_model import CostModel
 from ..errors import StoreError
 from ..models import device_name
 from ..store.calibration import read_calibration, write_calibration
+from .cpu_load import OtherLoad
 
 # 2: the key is the model's shape (class, config without paths or identity, attention), no longer
 # its id and whole config, so a model moved or loaded from another directory is not measured again.
 CALIBRATION_VERSION = 2
+# Other processes' CPU use during a measurement above which it is not cached. Measured here: one
+# competing torch process cut one-token decoding from 14.0 to 5.2 tok/s (benchmarks/contention_bench.py).
+BUSY_CORES = 0.5
 
 # Config fields that say where a model came from or what it is called, not what a step computes:
 # its paths (`_name_or_path`; a GGUF's `_model_name_or_path` is its name), the classes and dtype it
@@ -78,10 +82,12 @@ def load_or_calibrate(
     model_id: str,
     status: Callable[[str], None] | None = None,
     warn: Callable[[str], None] | None = None,
+    busy_cores: float = BUSY_CORES,
 ) -> CostModel:
     """The cached t(N) of this device and model, measured now (seconds to minutes) when missing or
     unreadable. A cache that cannot be written goes to `warn` (to `status` without one): the
-    measurement is used for this run all the same. `model_id` is only recorded in the file."""
+    measurement is used for this run all the same; so is one taken while other processes kept
+    more than `busy_cores` cores busy, which is not cached. `model_id` is only recorded in the file."""
     say = status or (lambda message: None)
     dtype = next(decoder.model.parameters()).dtype
     key = calibration_key(decoder.model, decoder.device, dtype, decoder.k)
@@ -92,7 +98,14 @@ def load_or_calibrate(
         say("Measuring step cost t(N) on this device (once per model and device)")
     except StoreError as exc:  # overwritten below by a good measurement
         say(f"{exc}; measuring step cost t(N) again")
-    cost = decoder.measure_cost()
+    with OtherLoad() as load:
+        cost = decoder.measure_cost()
+    if load.cores is not None and load.cores > busy_cores:
+        (warn or say)(
+            f"other processes kept {load.cores:.1f} cores busy while t(N) was measured: it is used for this run "
+            "but not cached (it would mis-size later trees); it is measured again on the next run"
+        )
+        return cost
     try:
         write_calibration(
             key,

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,9 @@ from tr_cli.errors import StoreError
 from tr_cli.store.calibration import calibration_path, read_calibration
 
 from tiny_models import COMMON, tiny_model
+
+# These tests are about the cache, not the machine: cache whatever else runs meanwhile.
+ANY_LOAD = float("inf")
 
 
 def _key(model: torch.nn.Module, k: int = 8) -> str:
@@ -65,7 +71,9 @@ def test_a_moved_checkpoint_reads_the_measurement_back(home, tmp_path):
     model = tiny_model("llama")
     first, second = tmp_path / "a", tmp_path / "b"
     messages: list[str] = []
-    cost = load_or_calibrate(TokenRecyclingDecoder(_saved_and_loaded(model, first)), str(first), status=messages.append)
+    cost = load_or_calibrate(
+        TokenRecyclingDecoder(_saved_and_loaded(model, first)), str(first), status=messages.append, busy_cores=ANY_LOAD
+    )
     assert len(messages) == 1  # measured
     again = load_or_calibrate(
         TokenRecyclingDecoder(_saved_and_loaded(model, second)), str(second), status=messages.append
@@ -81,7 +89,7 @@ def test_an_unwritable_data_dir_keeps_the_measurement_and_warns(home):
     decoder = TokenRecyclingDecoder(tiny_model("llama"))
     messages: list[str] = []
     warnings: list[str] = []
-    cost = load_or_calibrate(decoder, "tiny-llama", status=messages.append, warn=warnings.append)
+    cost = load_or_calibrate(decoder, "tiny-llama", status=messages.append, warn=warnings.append, busy_cores=ANY_LOAD)
     assert cost.sizes == CALIBRATION_SIZES and cost.seconds[0] > 0
     assert len(messages) == 1 and messages[0].startswith("Measuring")
     key = calibration_key(decoder.model, decoder.device, torch.float32, decoder.k)
@@ -89,7 +97,9 @@ def test_an_unwritable_data_dir_keeps_the_measurement_and_warns(home):
     assert warnings[0].startswith(f"could not save the t(N) calibration to {calibration_path(key)} (")
     # Without a warn callback the failure still reaches the user, through status.
     messages.clear()
-    assert load_or_calibrate(decoder, "tiny-llama", status=messages.append).sizes == CALIBRATION_SIZES
+    assert (
+        load_or_calibrate(decoder, "tiny-llama", status=messages.append, busy_cores=ANY_LOAD).sizes == CALIBRATION_SIZES
+    )
     assert len(messages) == 2 and messages[1].startswith("could not save the t(N) calibration")
     assert (home / "data").read_text() == "not a directory\n"
 
@@ -112,10 +122,32 @@ def test_a_bad_cached_calibration_is_measured_again_and_replaced(home):
     path.write_text("{truncated")
     messages: list[str] = []
     warnings: list[str] = []
-    cost = load_or_calibrate(decoder, "tiny-llama", status=messages.append, warn=warnings.append)
+    cost = load_or_calibrate(decoder, "tiny-llama", status=messages.append, warn=warnings.append, busy_cores=ANY_LOAD)
     assert cost.sizes == CALIBRATION_SIZES and not warnings
     assert messages[0].startswith(f"{path}: not a usable t(N) calibration (") and "\n" not in messages[0]
     assert messages[0].endswith("; measuring step cost t(N) again") and len(messages) == 1
     assert json.loads(path.read_text())["sizes"] == list(CALIBRATION_SIZES)  # replaced by a good one
     messages.clear()
-    assert load_or_calibrate(decoder, "tiny-llama", status=messages.append) == cost and not messages
+    assert (
+        load_or_calibrate(decoder, "tiny-llama", status=messages.append, busy_cores=ANY_LOAD) == cost and not messages
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="other processes' CPU time is read from /proc/stat")
+def test_a_measurement_taken_while_the_machine_is_busy_is_used_but_not_cached(home):
+    """A t(N) measured beside another heavy process is several times too high; cached, it would
+    size every later tree from it. A real competitor (a busy loop) runs during the measurement."""
+    decoder = TokenRecyclingDecoder(tiny_model("llama"))
+    competitor = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # let it reach its loop
+        warnings: list[str] = []
+        cost = load_or_calibrate(decoder, "tiny-llama", warn=warnings.append, busy_cores=0.3)
+    finally:
+        competitor.kill()
+        competitor.wait()
+    assert cost.sizes == CALIBRATION_SIZES
+    assert len(warnings) == 1 and re.match(
+        r"other processes kept \d+\.\d cores busy while t\(N\) was measured", warnings[0]
+    )
+    assert not list((home / "data" / "calibration").glob("*.json"))

@@ -23,6 +23,9 @@ from tr_cli.store.recycled_file import read_store, store_path
 
 from tiny_models import tiny_model
 
+# These tests are about the cache, not the machine: cache whatever else runs meanwhile.
+ANY_LOAD = float("inf")
+
 
 def test_tree_choice_defaults():
     auto = TreeChoice.of(None, None)
@@ -71,7 +74,7 @@ def test_calibration_is_measured_once_then_read_back(home):
     model = tiny_model("llama")
     decoder = TokenRecyclingDecoder(model)
     messages: list[str] = []
-    cost = load_or_calibrate(decoder, "tiny-llama", status=messages.append)
+    cost = load_or_calibrate(decoder, "tiny-llama", status=messages.append, busy_cores=ANY_LOAD)
     assert cost.sizes == CALIBRATION_SIZES
     assert list(cost.seconds) == sorted(cost.seconds) and cost.seconds[0] > 0
     assert len(messages) == 1
@@ -79,11 +82,11 @@ def test_calibration_is_measured_once_then_read_back(home):
     assert len(files) == 1
     record = json.loads(files[0].read_text())
     assert record["model"] == "tiny-llama" and record["dtype"] == "torch.float32"
-    again = load_or_calibrate(TokenRecyclingDecoder(model), "tiny-llama", status=messages.append)
+    again = load_or_calibrate(TokenRecyclingDecoder(model), "tiny-llama", status=messages.append, busy_cores=ANY_LOAD)
     assert again == cost and len(messages) == 1  # read back, not measured
     # Another dtype (or model) is another calibration.
     bf16 = TokenRecyclingDecoder(tiny_model("llama", dtype=torch.bfloat16))
-    load_or_calibrate(bf16, "tiny-llama", status=messages.append)
+    load_or_calibrate(bf16, "tiny-llama", status=messages.append, busy_cores=ANY_LOAD)
     assert len(messages) == 2
     assert len(list((home / "data" / "calibration").glob("*.json"))) == 2
 
