@@ -363,3 +363,16 @@ def test_terminal_with_a_directory_as_history_file_warns_once_and_chats(tiny_lla
     ]
     assert "Traceback" not in term.text and "Press ENTER" not in term.text
     assert history.is_dir() and not any(history.iterdir())
+
+
+def test_piped_chat_into_a_full_device_is_one_line_and_saves(tiny_llama_dir, tmp_path):
+    """stdout on /dev/full used to end in "unexpected OSError"; a closed pipe in "unexpected
+    BrokenPipeError". What the run learned is saved either way."""
+    args = [*chat_command(), str(tiny_llama_dir), "--dtype", "float32", "--tree", "paper", "-n", "8"]
+    with open("/dev/full", "w") as full:
+        out = subprocess.run(
+            args, input="Hello there", stdout=full, stderr=subprocess.PIPE, text=True, env=environment(tmp_path)
+        )
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "tr: error: cannot write to standard output (No space left on device)"
+    assert re.search(r"matrix: [\d,]+ rows saved to", out.stderr) and "Exception ignored" not in out.stderr

@@ -20,7 +20,7 @@ from ..core import StepEvent
 from ..core.matrix import rows_filled
 from ..engine.engine import Engine
 from ..text.streaming import IncrementalDecoder
-from .console import note
+from .console import note, write_out
 from .interrupts import DoubleInterrupt, Interrupts, no_echo
 from .live_view import LiveView, TokenLabels, stats_line
 from .setup import save_state
@@ -264,10 +264,8 @@ class ChatApp:
                 events = self.session.reply(message)  # a CommandError ends a piped chat (one line)
                 text = IncrementalDecoder(self.loaded.tokenizer)
                 for event in events:
-                    out.write(text.push(event.new_tokens))
-                    out.flush()
-                out.write(text.finish() + "\n")
-                out.flush()
+                    write_out(text.push(event.new_tokens), out)
+                write_out(text.finish() + "\n", out)
                 self.err.print(stats_line(self.session.last.stats, self.session.settings.verbose))
         finally:
             self.save(final=True)

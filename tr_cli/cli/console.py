@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import sys
+from typing import TextIO
 
 from rich.console import Console
 from rich.text import Text
@@ -42,22 +43,24 @@ class OutputError(TrError):
         super().__init__(f"cannot write to standard output ({os.strerror(exc.errno) if exc.errno else exc})")
 
 
-def write_out(text: str) -> None:
-    """Generated text to stdout, at once. A failed write is an OutputError; stdout then points to
-    /dev/null, so the writes still on the way out (a reply's last bytes, Python's own flush at exit)
-    neither fail again nor print "Exception ignored"."""
+def write_out(text: str, stream: TextIO | None = None) -> None:
+    """Generated text to stdout (or the `stream` standing for it), at once. A failed write is an
+    OutputError; the stream's file descriptor then points to /dev/null, so the writes still on
+    the way out (a reply's last bytes, Python's own flush at exit) neither fail again nor print
+    "Exception ignored"."""
+    stream = sys.stdout if stream is None else stream
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        stream.write(text)
+        stream.flush()
     except OSError as exc:
         if exc.errno not in (errno.EPIPE, errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG, errno.EINVAL):
             raise
-        _discard_stdout()
+        _discard(stream)
         raise OutputError(exc) from None
 
 
-def _discard_stdout() -> None:
-    with contextlib.suppress(OSError, ValueError):
+def _discard(stream: TextIO) -> None:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(devnull, stream.fileno())
         os.close(devnull)
