@@ -228,7 +228,7 @@ def _fit_context(
             f"--max-new-tokens {max_new_tokens}, the model's context holds {context:,}"
         )
     skipped = [record for record, _ in over]
-    kept = [record for record in records if not any(record is other for other in skipped)]
+    kept = [record for record in records if record not in skipped]
     if not kept:
         raise UserError(
             f"{prompts_file}: no prompt fits the model's context of {context:,} tokens; lower --max-new-tokens"
@@ -322,8 +322,7 @@ def _write(reports: list[dict], fmt: str, output: Path | None) -> None:
     else:
         text = render_passes(reports, fmt)
     try:
-        with output.open("w") as f:
-            f.write(text)
+        output.write_text(text)
     except OSError as exc:
         typer.echo(text, nl=False)
         raise UserError(

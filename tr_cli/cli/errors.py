@@ -37,12 +37,9 @@ class ErrorBoundary(TyperGroup):
         try:
             with terminating_signals():
                 return super().invoke(ctx)
-        except OutputError as exc:
-            if exc.reader_left:  # `tr generate | head`: quiet, as any tool whose reader left
-                raise typer.Exit(EXIT_READER_LEFT) from None
-            error(str(exc))
-            raise typer.Exit(EXIT_ERROR) from None
         except TrError as exc:
+            if isinstance(exc, OutputError) and exc.reader_left:  # `tr generate | head`: quiet, as any tool
+                raise typer.Exit(EXIT_READER_LEFT) from None
             error(str(exc))
             raise typer.Exit(EXIT_ERROR) from None
         except Terminated as exc:
