@@ -115,6 +115,8 @@ def test_bad_options_are_one_line_errors(tmp_path):
         ([""], "MODEL is empty"),
         (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
         (["--dtype", "float8"], "unknown dtype"),
+        (["--weights", "int3"], "--weights int3: unknown; use dense, int8, int4"),
+        (["--weights", "int8", "--dtype", "float32"], "--weights int8 computes in bfloat16"),
         (["--device", "tpu"], "unknown device"),
         (["--temperature", "-1"], "--temperature must be 0 (greedy) or more, got -1.0"),
         (["--top-p", "2"], "--top-p must be between 0 and 1, got 2.0"),
@@ -136,6 +138,15 @@ def test_generate_from_checkpoint_directory(tiny_llama_dir):
     out = run("generate", str(tiny_llama_dir), "--dtype", "float32", "-n", "12", "--compare", "-p", "Hello")
     assert out.returncode == 0, out.stderr
     assert "12 tokens" in out.stderr and "output identical" in out.stderr
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_generate_with_quantized_weights(tiny_llama_dir, home, weights):
+    """--weights: the banner says what runs; --compare runs generate on the same quantized model."""
+    out = run("generate", str(tiny_llama_dir), "--weights", weights, "-n", "12", "--compare", "-p", "Hello")
+    assert out.returncode == 0, out.stderr
+    assert f"{weights} weights, bfloat16" in out.stderr
+    assert re.search(r"transformers greedy: 12 tokens.*(output identical|output differs from token)", out.stderr)
 
 
 def test_sampled_generate_is_reproducible_from_its_seed(tiny_llama_dir):

@@ -17,9 +17,25 @@ from ..core.sampling_config import SamplingConfig
 from ..engine.choices import TreeChoice
 from ..engine.engine import Engine
 from ..errors import UserError
+from ..models.weights import WEIGHTS
 
 METHODS = ("baseline", "pld", "ar", "tr")
 PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
+# `METHOD@int8`: the method on a quantized copy of the model (models/weights.py), in the same run.
+VARIANT_WEIGHTS = tuple(w for w in WEIGHTS if w != "dense")
+
+
+def split_weights(name: str) -> tuple[str, str | None]:
+    """'tr:paper@int8' -> ('tr:paper', 'int8'); 'tr' -> ('tr', None)."""
+    base, sep, weights = name.rpartition("@")
+    return (base, weights) if sep else (name, None)
+
+
+def counterpart(name: str, reference: str) -> str:
+    """The `reference` method on the same weights as `name`: what its tokens are compared with
+    ('baseline') and its speculation measured against ('ar')."""
+    weights = split_weights(name)[1]
+    return f"{reference}@{weights}" if weights else reference
 
 
 @dataclass(frozen=True)
@@ -109,13 +125,17 @@ class TokenRecycling:
 
 
 def parse_methods(names: list[str]) -> list[str]:
-    """Known methods, plus `tr:TREE` variants (e.g. tr:paper, tr:auto, tr:none+lookup10); raises
-    UserError naming the first unknown one."""
+    """Known methods, plus `tr:TREE` variants (e.g. tr:paper, tr:auto, tr:none+lookup10), each
+    optionally `@int8`/`@int4`; raises UserError naming the first unknown one."""
     for name in names:
-        if name not in METHODS and not (name.startswith("tr:") and len(name) > 3):
+        base, weights = split_weights(name)
+        if base not in METHODS and not (base.startswith("tr:") and len(base) > 3):
             raise UserError(
-                f"--methods: unknown method {name}; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper)"
+                f"--methods: unknown method {name}; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper), "
+                f"optionally @{'/@'.join(VARIANT_WEIGHTS)}"
             )
+        if weights is not None and weights not in VARIANT_WEIGHTS:
+            raise UserError(f"--methods {name}: unknown weights @{weights}; use @{' or @'.join(VARIANT_WEIGHTS)}")
     if len(set(names)) != len(names):
         raise UserError("--methods: a method is listed twice")
     if not names:
@@ -137,17 +157,19 @@ def variant_tree(name: str) -> tuple[str, int | None]:
 
 def make_runners(engine: Engine, methods: list[str], variants: dict[str, TreeChoice]) -> tuple[dict, dict[str, str]]:
     """Each method's runner, in the given order, and the drafts of our decoders. `tr` decodes on
-    the engine's decoder (the store's matrix); `ar` and `tr:TREE` variants on copies of the
-    matrix, so they neither help one another nor change the store."""
+    the engine's decoder (the store's matrix); `ar`, `tr:TREE` and `@WEIGHTS` variants on copies
+    of the matrix, so they neither help one another nor change the store; `@WEIGHTS` ones on the
+    engine's quantized copy of the model."""
     runners, drafts = {}, {}
     eos = engine.loaded.eos_token_ids
     for name in methods:
+        weights = split_weights(name)[1]
+        model = engine.loaded.model if weights is None else engine.quantized_model(weights)
         if name == "tr" or name in variants:
-            decoder = engine.decoder if name == "tr" else engine.make_decoder(variants[name], fork=True)
+            decoder = engine.decoder if name == "tr" else engine.make_decoder(variants[name], fork=True, model=model)
             runners[name] = TokenRecycling(decoder, eos).run
             drafts[name] = decoder.describe()
         else:
-            runners[name] = HFGenerate(
-                engine.loaded.model, eos, prompt_lookup=name == "pld", sampling=engine.sampling
-            ).run
+            pld = split_weights(name)[0] == "pld"
+            runners[name] = HFGenerate(model, eos, prompt_lookup=pld, sampling=engine.sampling).run
     return runners, drafts

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..core.events import StepTimings, mean_accepted_tokens, tokens_per_second
 from .distribution import DistributionCheck
+from .methods import counterpart
 from .runner import Measured, PromptResult
 
 
@@ -41,14 +42,13 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
     distribution."""
     methods = list(results[0].methods) if results else []
     has_baseline = "baseline" in methods
-    has_ar = "ar" in methods
-    compare_tokens = has_baseline and not sampled
 
     def block(name: str, subset: list[PromptResult]) -> dict:
         items = [r.methods[name] for r in subset]
         rate = _rate(items)
         base = _rate([r.methods["baseline"] for r in subset]) if has_baseline else 0.0
-        ar = _rate([r.methods["ar"] for r in subset]) if has_ar else 0.0
+        ar_name = counterpart(name, "ar")  # speculation's own gain: one token per step, same weights
+        ar = _rate([r.methods[ar_name] for r in subset]) if ar_name in methods else 0.0
         return {
             "tokens_per_second": rate,
             "speedup": rate / base if base else None,
@@ -60,6 +60,7 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
     report_methods = {}
     for name in methods:
         b = block(name, results)
+        compare_tokens = not sampled and counterpart(name, "baseline") in methods
         identical = [r.identical_to_baseline(name) for r in results] if compare_tokens else []
         report_methods[name] = {
             "tokens_per_second": b["tokens_per_second"],

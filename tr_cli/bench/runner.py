@@ -11,7 +11,7 @@ from ..core.stopping import context_room
 from ..text.conversation import ConversationEncoder, messages_of
 from ..text.prompts import PromptRecord
 from .distribution import DistributionCheck
-from .methods import Run
+from .methods import Run, counterpart
 
 
 @dataclass
@@ -49,15 +49,18 @@ class PromptResult:
     methods: dict[str, Measured]
 
     def identical_to_baseline(self, method: str) -> bool | None:
-        if "baseline" not in self.methods:
+        """Whether `method` gave generate's tokens on the same weights (None: that was not run)."""
+        reference = counterpart(method, "baseline")
+        if reference not in self.methods:
             return None
-        return self.methods[method].tokens == self.methods["baseline"].tokens
+        return self.methods[method].tokens == self.methods[reference].tokens
 
 
 Runner = Callable[[list[int], int], Run]
 EncodeTurn = Callable[[list[tuple[str, str]], str], list[int]]  # (history of (user, reply), new user text) -> ids
 Progress = Callable[[int, str, dict[str, float]], None]  # prompt index, method, running speedups
-Check = Callable[[list[int], list[int]], DistributionCheck]  # (input ids, generated tokens) -> scores
+# (method, input ids, generated tokens) -> scores under the distribution of that method's model
+Check = Callable[[str, list[int], list[int]], DistributionCheck]
 
 
 def conversation_turns(encoder: ConversationEncoder, system: str | None = None) -> EncodeTurn:
@@ -132,7 +135,7 @@ def run_bench(
                 if check is not None:
                     if measured[name].check is None:
                         measured[name].check = DistributionCheck()
-                    measured[name].check.add(check(ids, run.tokens))
+                    measured[name].check.add(check(name, ids, run.tokens))
                 history.append((text, decode(run.tokens)))
         results.append(PromptResult(record, len(texts), measured))
     if progress:

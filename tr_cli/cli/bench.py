@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..bench.distribution import check_tokens
-from ..bench.methods import make_runners, parse_methods, variant_tree
+from ..bench.methods import make_runners, parse_methods, split_weights, variant_tree
 from ..bench.metrics import summarize
 from ..bench.report import FORMATS, environment, environment_line, render_passes, rows, sampled
 from ..bench.runner import conversation_turns, over_context, run_bench
@@ -48,7 +48,8 @@ Methods = Annotated[
         "--methods",
         help="Comma-separated: baseline (HF generate), pld (HF prompt lookup), ar (tr's own forward, one "
         "token per step: what speculation alone adds), tr (with --tree/--lookup), tr:TREE variants on a copy of the "
-        "matrix (e.g. tr:paper, tr:auto+lookup0).",
+        "matrix (e.g. tr:paper, tr:auto+lookup0). Any of them @int8 or @int4: on a weight-only quantized copy of "
+        "the model (bfloat16), compared with baseline@int8/@int4.",
     ),
 ]
 Limit = Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N prompts (after --categories).")]
@@ -81,15 +82,19 @@ def _split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
-def _variants(methods: list[str], k: int) -> dict[str, TreeChoice]:
-    """The drafts of `ar` and each `tr:TREE` method, checked like --tree."""
+def _variants(methods: list[str], k: int, tree: str, lookup: int | None) -> dict[str, TreeChoice]:
+    """The drafts of `ar`, each `tr:TREE` and each `tr@WEIGHTS` method (--tree/--lookup), checked
+    like --tree."""
     variants = {}
     for name in methods:
-        if name.startswith("tr:"):
-            tree, length = variant_tree(name)
-            variants[name] = tree_choice(tree, k, length)
-        elif name == "ar":
+        base, weights = split_weights(name)
+        if base.startswith("tr:"):
+            variant, length = variant_tree(base)
+            variants[name] = tree_choice(variant, k, length)
+        elif base == "ar":
             variants[name] = tree_choice("none", k, 0)
+        elif base == "tr" and weights is not None:
+            variants[name] = tree_choice(tree, k, lookup)
     return variants
 
 
@@ -124,6 +129,7 @@ def bench(
     no_save: opt.NoSave = False,
     device: opt.Device = "auto",
     dtype: opt.Dtype = "auto",
+    weights: opt.Weights = "dense",
     fmt: Format = "table",
     output: Output = None,
     temperature: opt.Temperature = None,
@@ -135,7 +141,7 @@ def bench(
     """Benchmark Token Recycling against transformers generate (greedy, or sampling with --temperature)
     and prompt lookup decoding."""
     chosen = parse_methods(_split(methods))
-    variants = _variants(chosen, k)
+    variants = _variants(chosen, k, tree, lookup)
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose table, md, csv or json")
     if turns not in ("1", "all"):
@@ -145,6 +151,7 @@ def bench(
         model=model,
         device=device,
         dtype=dtype,
+        weights=weights,
         tree=tree,
         lookup=lookup,
         k=k,
@@ -162,9 +169,16 @@ def bench(
     torch.manual_seed(seed)  # transformers' sampling draws from torch's global generator
     runners, drafts = make_runners(engine, chosen, variants)
     loaded, sampling = engine.loaded, engine.sampling
+
+    def model_of(method: str) -> torch.nn.Module:
+        weights = split_weights(method)[1]
+        return loaded.model if weights is None else engine.quantized_model(weights)
+
     # Sampled outputs differ by chance: instead of comparing tokens, score each method's tokens
     # under the model's distribution (untimed; bench/distribution.py).
-    check = None if sampling.is_greedy else (lambda ids, tokens: check_tokens(loaded.model, sampling, ids, tokens))
+    check = None
+    if not sampling.is_greedy:
+        check = lambda name, ids, tokens: check_tokens(model_of(name), sampling, ids, tokens)  # noqa: E731
     env = _environment(
         engine,
         drafts,
@@ -244,6 +258,7 @@ def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> di
         device=str(loaded.device),
         device_name=device_name(loaded.device),
         dtype=loaded.dtype_name,
+        weights=loaded.weights,
         tree=drafts.get("tr"),
         trees=drafts or None,
         matrix=hot.describe() if hot else "unused",

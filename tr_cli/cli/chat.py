@@ -77,6 +77,7 @@ def chat(
     no_save: opt.NoSave = False,
     device: opt.Device = "auto",
     dtype: opt.Dtype = "auto",
+    weights: opt.Weights = "dense",
 ) -> None:
     """Chat with a model: multi-turn from the KV cache, live view of each decode step, slash commands."""
     if no_color:
@@ -87,6 +88,7 @@ def chat(
         model=model,
         device=device,
         dtype=dtype,
+        weights=weights,
         tree=tree,
         lookup=lookup,
         k=k,

@@ -59,12 +59,14 @@ def generate(
     no_save: opt.NoSave = False,
     device: opt.Device = "auto",
     dtype: opt.Dtype = "auto",
+    weights: opt.Weights = "dense",
 ) -> None:
     """Generate a reply to one prompt with Token Recycling and print its stats."""
     options = engine_options(
         model=model,
         device=device,
         dtype=dtype,
+        weights=weights,
         tree=tree,
         lookup=lookup,
         k=k,

@@ -13,6 +13,8 @@ from ..core.sampling_config import SamplingRequest, check_settings
 from ..engine.choices import EngineOptions, TreeChoice
 from ..errors import UserError
 from ..models import DEFAULT_MODEL
+from ..models.device import pick_device, pick_dtype
+from ..models.weights import check_weights
 from .completion import complete_model
 
 
@@ -31,6 +33,14 @@ Dtype = Annotated[
     str,
     typer.Option(
         "--dtype", help="auto (bf16 on CUDA and bf16-capable CPUs, else float32), float32, bfloat16, float16."
+    ),
+]
+Weights = Annotated[
+    str,
+    typer.Option(
+        "--weights",
+        help="dense (the model's weights in --dtype), or int8 / int4: weight-only quantized matmuls on the CPU "
+        "(bfloat16 activations; output equals generate on the same quantized model).",
     ),
 ]
 Tree = Annotated[
@@ -154,6 +164,7 @@ def engine_options(
     model: str | None,
     device: str,
     dtype: str,
+    weights: str = "dense",
     tree: str,
     lookup: int | None,
     k: int,
@@ -167,10 +178,13 @@ def engine_options(
         raise UserError("MODEL is empty; leave it out for the packaged model, or name one")
     if matrix is not None and matrix.exists() and not matrix.is_file():
         raise UserError(f"--matrix {matrix}: not a file")
+    torch_device = pick_device(device)
+    check_weights(weights, torch_device, None if dtype == "auto" else pick_dtype(dtype, torch_device))
     return EngineOptions(
         model=model,
         device=device,
         dtype=dtype,
+        weights=weights,
         tree=tree_choice(tree, k, lookup),
         k=k,
         matrix=matrix,

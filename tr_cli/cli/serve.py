@@ -126,6 +126,7 @@ def serve(
     no_save: opt.NoSave = False,
     device: opt.Device = "auto",
     dtype: opt.Dtype = "auto",
+    weights: opt.Weights = "dense",
 ) -> None:
     """Serve a model over the OpenAI API (chat and text completions, streamed or not) with Token Recycling."""
     if api_key is not None and not api_key.strip():
@@ -135,6 +136,7 @@ def serve(
         model=model,
         device=device,
         dtype=dtype,
+        weights=weights,
         tree=tree,
         lookup=lookup,
         k=k,

@@ -12,6 +12,8 @@ def output_vocab_size(model: torch.nn.Module) -> int:
     out = model.get_output_embeddings()
     if out is not None and hasattr(out, "weight"):
         return int(out.weight.shape[0])
+    if isinstance(getattr(out, "out_features", None), int):  # a quantized head keeps no dense weight
+        return out.out_features
     return int(model.config.get_text_config(decoder=True).vocab_size)
 
 

@@ -14,6 +14,7 @@ from ..core import TokenRecyclingDecoder
 from ..core.design.cost_model import CostModel
 from ..errors import StoreError
 from ..models import device_name
+from ..models.weights import weights_mode
 from ..store.calibration import read_calibration, write_calibration
 from .cpu_load import OtherLoad
 
@@ -35,17 +36,22 @@ _NOT_SHAPE = re.compile(
 
 def model_shape(model: torch.nn.Module) -> dict:
     """What a step's cost depends on in the model: its class, its config without paths and
-    identity (sizes, layers, attention layout, rope, quantization...) and its attention kernel."""
+    identity (sizes, layers, attention layout, rope, quantization...), its attention kernel and
+    tr's own weight quantization (--weights)."""
     config = model.config
     if hasattr(config, "to_json_string"):
         fields = _without_identity(json.loads(config.to_json_string(use_diff=False)))
     else:
         fields = str(config)
-    return {
+    shape = {
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "config": fields,
         "attention": getattr(config, "_attn_implementation", None),
     }
+    weights = weights_mode(model)
+    if weights != "dense":  # only then, so that dense models keep their cached measurements
+        shape["weights"] = weights
+    return shape
 
 
 def _without_identity(value: object) -> object:

@@ -43,6 +43,7 @@ class EngineOptions:
     model: str | None = None  # None: the packaged default
     device: str = "auto"
     dtype: str = "auto"
+    weights: str = "dense"  # models/weights.WEIGHTS
     tree: TreeChoice = field(default_factory=TreeChoice)
     k: int = DEFAULT_K
     matrix: Path | None = None  # None: the model's stored matrix

@@ -8,8 +8,10 @@ import torch
 
 from ..core import TokenRecyclingDecoder
 from ..core.sampling_config import SamplingConfig, SamplingRequest, ignored_generation_settings
+from ..errors import UserError
 from ..models import LoadedModel, load_model
 from ..models.progress import Status, quiet
+from ..models.weights import quantized_copy
 from ..store.hot_matrix import HotMatrix, Saved
 from ..store.paths import cache_dir
 from .calibration import load_or_calibrate
@@ -42,12 +44,15 @@ class Engine:
     warnings: list[str] = field(default_factory=list)  # to show the user once, before decoding
     status: Status = quiet
     warn: Status | None = None  # warnings after set-up (a later calibration's failed save)
+    _quantized: dict[str, torch.nn.Module] = field(default_factory=dict)  # quantized_model's copies
 
     @classmethod
     def open(cls, options: EngineOptions, status: Status = quiet, matrix: bool = True, decoder: bool = True) -> Engine:
         """Load the model, open its matrix (`matrix`) and build the decoder (`decoder`, which
         needs the matrix; `--tree auto` calibrates t(N) once per model and device)."""
-        loaded = load_model(options.model, options.device, options.dtype, status=status, cache=cache_dir())
+        loaded = load_model(
+            options.model, options.device, options.dtype, status=status, cache=cache_dir(), weights=options.weights
+        )
         sampling, warnings = resolve_sampling(options.sampling, loaded)
         engine = cls(loaded, sampling, warnings=warnings, status=status)
         if matrix or decoder:
@@ -66,14 +71,16 @@ class Engine:
             engine.decoder = engine.make_decoder(options.tree)
         return engine
 
-    def make_decoder(self, choice: TreeChoice, fork: bool = False) -> TokenRecyclingDecoder:
+    def make_decoder(
+        self, choice: TreeChoice, fork: bool = False, model: torch.nn.Module | None = None
+    ) -> TokenRecyclingDecoder:
         """A decoder for `choice` on the hot matrix, or (`fork`) on a copy of it that is never
         saved, so that variants neither help one another nor change the store. A designed tree
         also drafts from the recycled store (earlier conversations); a fixed tree (`tr:paper`)
-        stays the paper's method."""
+        stays the paper's method. `model`: another copy of the loaded one (quantized_model)."""
         hot = self.hot.fork() if fork else self.hot
         return TokenRecyclingDecoder(
-            self.loaded.model,
+            self.loaded.model if model is None else model,
             matrix=hot.matrix,
             tree=choice.spec,
             acceptance=hot.acceptance,
@@ -85,6 +92,16 @@ class Engine:
             ),
             store=hot.store if choice.spec is None else None,
         )
+
+    def quantized_model(self, weights: str) -> torch.nn.Module:
+        """The loaded model with `weights` matmuls (models/weights.py), made once and kept, sharing
+        the loaded model's other tensors: what `tr bench`'s METHOD@int8 variants run on."""
+        if self.loaded.weights != "dense":
+            raise UserError(f"@{weights} methods compare with the dense model; drop --weights {self.loaded.weights}")
+        if weights not in self._quantized:
+            self.status(f"Quantizing a copy of {self.loaded.model_id}'s weights to {weights}")
+            self._quantized[weights] = quantized_copy(self.loaded.model, weights).eval()
+        return self._quantized[weights]
 
     def save(self, end_conversation: bool = True) -> Saved:
         """Write the hot state back (matrix, store, statistics; nothing under --no-save). With
@@ -101,7 +118,7 @@ class Engine:
         loaded = self.loaded
         parts = [
             loaded.model_id,
-            loaded.dtype_name,
+            loaded.dtype_name if loaded.weights == "dense" else f"{loaded.weights} weights, {loaded.dtype_name}",
             str(loaded.device),
             f"{torch.get_num_threads()} threads",
         ]

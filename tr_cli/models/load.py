@@ -14,6 +14,7 @@ from .device import dtype_name, pick_device, pick_dtype
 from .gguf_cache import gguf_checkpoint
 from .progress import Status, quiet
 from .resolve import ModelSource, resolve_model
+from .weights import QUANTIZED_DTYPE, check_weights, quantize
 
 
 @dataclass
@@ -23,6 +24,7 @@ class LoadedModel:
     source: ModelSource
     device: torch.device
     dtype: torch.dtype
+    weights: str = "dense"  # models/weights.WEIGHTS
 
     @property
     def model_id(self) -> str:
@@ -110,13 +112,21 @@ def load_tokenizer(arg: str | None, *, cache: Path, status: Status = quiet) -> t
 
 
 def load_model(
-    arg: str | None, device: str = "auto", dtype: str = "auto", status: Status = quiet, *, cache: Path
+    arg: str | None,
+    device: str = "auto",
+    dtype: str = "auto",
+    status: Status = quiet,
+    *,
+    cache: Path,
+    weights: str = "dense",
 ) -> LoadedModel:
-    """Resolve, then load model and tokenizer onto the device in the dtype (eval mode). `cache`:
-    where converted GGUF checkpoints are kept."""
-    source = resolve_model(arg)
+    """Resolve, then load model and tokenizer onto the device in the dtype (eval mode), its
+    matmul weights quantized unless `weights` is dense. `cache`: where converted GGUF checkpoints
+    are kept."""
     torch_device = pick_device(device)
-    torch_dtype = pick_dtype(dtype, torch_device)
+    check_weights(weights, torch_device, None if dtype == "auto" else pick_dtype(dtype, torch_device))
+    source = resolve_model(arg)
+    torch_dtype = pick_dtype(dtype, torch_device) if weights == "dense" else QUANTIZED_DTYPE
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -138,4 +148,7 @@ def load_model(
     if torch_device.type != "cuda":
         model = model.to(torch_device)
     model.eval()
-    return LoadedModel(model, tokenizer, source, torch_device, torch_dtype)
+    if weights != "dense":
+        status(f"Quantizing {source.model_id}'s weights to {weights}")
+        quantize(model, weights)
+    return LoadedModel(model, tokenizer, source, torch_device, torch_dtype, weights)

@@ -126,6 +126,42 @@ def test_method_names_and_tree_variants():
         variant_tree("tr:paper+lookupX")
 
 
+def test_weight_variants_compare_with_generate_on_the_same_weights():
+    """METHOD@int8 is checked against baseline@int8 and measured against ar@int8, while its
+    speedup stays over the dense baseline (what the quantization gains)."""
+    from tr_cli.bench.methods import counterpart, parse_methods, split_weights
+
+    names = ["baseline", "ar", "baseline@int8", "ar@int8", "tr@int8", "tr:paper@int4"]
+    assert parse_methods(names) == names
+    assert split_weights("tr:paper@int4") == ("tr:paper", "int4") and split_weights("tr") == ("tr", None)
+    assert counterpart("tr@int8", "baseline") == "baseline@int8" and counterpart("tr", "ar") == "ar"
+    for bad, message in ((["tr@int3"], "unknown weights @int3"), (["bogus@int8"], "unknown method bogus@int8")):
+        with pytest.raises(UserError, match=message):
+            parse_methods(bad)
+
+    prompts = [PromptRecord("a", "qa", ("xx",))]
+    dense, quantized = {2: [1, 2, 3, 4, 5]}, {2: [1, 2, 9, 9, 9]}
+    runners = {
+        "baseline": fake_runner(dense, 4.0, 1.0),
+        "baseline@int8": fake_runner(quantized, 2.0, 1.0),
+        "ar@int8": fake_runner(quantized, 2.0, 1.0),
+        "tr@int8": fake_runner(quantized, 1.0, 0.5),
+        "tr@int4": fake_runner(dense, 1.0, 0.5),
+    }
+    report = summarize(
+        run_bench(runners, prompts, encode=lambda h, t: [0] * len(t), decode=str, max_new_tokens=10, warmup=0),
+        {"model": "fake"},
+    )
+    methods = report["methods"]
+    assert methods["tr@int8"]["identical_to_baseline"] == 1  # equal to baseline@int8, not to baseline
+    assert methods["tr@int4"]["identical_to_baseline"] is None  # no baseline@int4 ran
+    assert methods["tr@int8"]["speedup"] == 4.0 and methods["tr@int8"]["speedup_vs_ar"] == 2.0
+    assert methods["baseline"]["speedup_vs_ar"] is None and methods["tr@int4"]["speedup_vs_ar"] is None
+    header, body = rows(report)
+    assert "vs ar" in header
+    assert [row[-1] for row in body] == ["1/1", "1/1", "1/1", "1/1", "–"]
+
+
 def test_sampled_report_checks_distributions_instead_of_tokens():
     """Sampling: no token-by-token comparison; each method's distribution check (sums over every
     counted run) is reported, and the table's last column is its z."""
@@ -134,7 +170,7 @@ def test_sampled_report_checks_distributions_instead_of_tokens():
     runners = {"baseline": fake_runner(outputs, 2.0, 1.0), "tr": fake_runner(outputs, 1.0, 0.5)}
     seen = []
 
-    def check(ids, tokens):
+    def check(name, ids, tokens):
         seen.append((len(ids), tokens))
         surprisal = 1.5 if len(ids) == 2 else 0.5
         return DistributionCheck(

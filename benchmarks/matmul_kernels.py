@@ -1,0 +1,95 @@
+"""Time one decoder layer's weight matmuls per kernel and token count N, on this CPU.
+
+The candidates for the forward underneath Token Recycling (issue 16): float32 and bfloat16 dense
+`F.linear`, and weight-only int8 (`aten._weight_int8pack_mm`) with float32 or bfloat16
+activations. Shapes default to SmolLM2-135M's (hidden 576, 9 query heads / 3 KV heads of 64,
+MLP 1536, 30 layers, vocabulary 49152). Prints per-layer and per-model (layers + lm_head) times.
+
+    python benchmarks/matmul_kernels.py [--sizes 1,4,16,32,81] [--repeats 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def _shapes(hidden: int, heads: int, kv_heads: int, head_dim: int, mlp: int) -> list[tuple[int, int]]:
+    """(out, in) of every weight matrix of one Llama-style layer."""
+    return [
+        (heads * head_dim, hidden),
+        (kv_heads * head_dim, hidden),
+        (kv_heads * head_dim, hidden),
+        (hidden, heads * head_dim),
+        (mlp, hidden),
+        (mlp, hidden),
+        (hidden, mlp),
+    ]
+
+
+def _timed(fn, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1000
+
+
+def _int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scales = weight.abs().amax(dim=1).clamp(min=1e-8) / 127
+    return (weight / scales[:, None]).round().clamp(-128, 127).to(torch.int8), scales
+
+
+def _kernels(weights: list[torch.Tensor]) -> dict:
+    """name -> (activation dtype, list of callables x -> y, one per weight)."""
+    fp32 = [lambda x, w=w: F.linear(x, w) for w in weights]
+    bf = [w.to(torch.bfloat16) for w in weights]
+    bf16 = [lambda x, w=w: F.linear(x, w) for w in bf]
+    packed = [_int8(w) for w in weights]
+    int8 = [lambda x, q=q, s=s: torch.ops.aten._weight_int8pack_mm(x, q, s.to(x.dtype)) for q, s in packed]
+    return {
+        "float32": (torch.float32, fp32),
+        "bfloat16": (torch.bfloat16, bf16),
+        "int8 w / fp32 act": (torch.float32, int8),
+        "int8 w / bf16 act": (torch.bfloat16, int8),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,2,4,8,16,32,48,81")
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--hidden", type=int, default=576)
+    parser.add_argument("--heads", type=int, default=9)
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--mlp", type=int, default=1536)
+    parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--vocab", type=int, default=49152)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    shapes = _shapes(args.hidden, args.heads, args.kv_heads, args.head_dim, args.mlp)
+    # Every layer its own weights, as in a model: one layer's would stay in the CPU cache.
+    layers = [_kernels([torch.randn(o, i) * 0.02 for o, i in shapes]) for _ in range(args.layers)]
+    head_kernels = _kernels([torch.randn(args.vocab, args.hidden) * 0.02])
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; ms, median of {args.repeats}")
+    print(f"{'kernel':<20} {'N':>4} {'layers':>8} {'lm_head':>8} {'model':>8}")
+    for name, (dtype, head_fns) in head_kernels.items():
+        fns = [fn for layer in layers for fn in layer[name][1]]
+        for n in (int(s) for s in args.sizes.split(",")):
+            xs = [torch.randn(n, i, dtype=dtype) for _, i in shapes] * args.layers
+            layers_ms = _timed(lambda: [fn(x) for fn, x in zip(fns, xs, strict=True)], args.repeats)  # noqa: B023
+            x = torch.randn(n, args.hidden, dtype=dtype)
+            head_ms = _timed(lambda: head_fns[0](x), args.repeats)  # noqa: B023
+            print(f"{name:<20} {n:>4} {layers_ms:>8.2f} {head_ms:>8.2f} {layers_ms + head_ms:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()

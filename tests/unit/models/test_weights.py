@@ -1,0 +1,145 @@
+"""Weight-only int8/int4 layers (`--weights`): what they compute, what they replace, what they refuse."""
+
+import pytest
+import torch
+from torch import nn
+
+from tr_cli.core import StopCondition, TokenRecyclingDecoder
+from tr_cli.core.matrix import output_vocab_size
+from tr_cli.core.tree import PRESETS
+from tr_cli.engine.calibration import calibration_key, model_shape
+from tr_cli.errors import UserError
+from tr_cli.models.weights import (
+    INT4_GROUP,
+    Int4Linear,
+    Int8Linear,
+    check_weights,
+    quantize,
+    quantized_copy,
+    weights_mode,
+)
+
+from tiny_models import EOS, random_prompt, reference, tiny_model
+
+CPU = torch.device("cpu")
+
+
+def _int8_reference(weight: torch.Tensor) -> torch.Tensor:
+    """Symmetric per-row int8, written out independently of the module."""
+    scale = weight.abs().amax(dim=1, keepdim=True) / 127
+    return (weight / scale).round().clamp(-127, 127) * scale.bfloat16().float()
+
+
+def _int4_reference(weight: torch.Tensor) -> torch.Tensor:
+    """Q4_1-style groups of 32 (scale and minimum per group), written out independently."""
+    rows, cols = weight.shape
+    groups = weight.reshape(rows, cols // INT4_GROUP, INT4_GROUP)
+    low = groups.amin(dim=-1, keepdim=True)
+    scale = (groups.amax(dim=-1, keepdim=True) - low) / 15
+    levels = ((groups - low) / scale).round().clamp(0, 15)
+    zero = (low + 8 * scale).bfloat16().float()
+    return ((levels - 8) * scale.bfloat16().float() + zero).reshape(rows, cols)
+
+
+@pytest.mark.parametrize(("kind", "dequantize"), [(Int8Linear, _int8_reference), (Int4Linear, _int4_reference)])
+def test_layer_computes_x_times_its_dequantized_weight(kind, dequantize):
+    torch.manual_seed(0)
+    weight, bias = torch.randn(48, 96) * 0.05, torch.randn(48)
+    x = torch.randn(2, 5, 96).bfloat16()
+    layer = kind(weight, bias)
+    expected = x.float() @ dequantize(weight).t() + bias.bfloat16().float()
+    out = layer(x)
+    assert out.shape == (2, 5, 48) and out.dtype == torch.bfloat16
+    # bf16 output rounding only: a wrong scale, zero or group layout is off by far more.
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+    # and the quantization itself stays within half a step of the dense weight
+    dense = x.float() @ weight.t() + bias
+    assert (out.float() - dense).abs().max() < 0.25
+
+
+def test_int4_groups_follow_the_weight_not_a_global_scale():
+    """A group of tiny weights next to a group of large ones keeps its own precision."""
+    weight = torch.zeros(16, 64)
+    weight[:, :32] = torch.linspace(-1e-3, 1e-3, 32)
+    weight[:, 32:] = torch.linspace(-10, 10, 32)
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    x[0, :32] = 1
+    out = Int4Linear(weight, None)(x).float()
+    assert out.abs().max() < 1e-2  # sum of the small group (≈0), not a 10/15 quantization step
+
+
+def test_quantize_replaces_every_matmul_and_the_head():
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    embedding = model.get_input_embeddings().weight.clone()
+    done = quantize(model, "int8")
+    assert (done.layers, done.kept_dense) == (linears, 0)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+    assert isinstance(model.get_output_embeddings(), Int8Linear)
+    assert torch.equal(model.get_input_embeddings().weight, embedding)
+    assert output_vocab_size(model) == model.config.vocab_size
+    assert weights_mode(model) == "int8"
+
+
+def test_gpt2_conv1d_layers_are_quantized_too():
+    model = tiny_model("gpt2", dtype=torch.bfloat16)
+    assert quantize(model, "int4").kept_dense == 0
+    assert type(model.transformer.h[0].attn.c_attn) is Int4Linear
+
+
+def test_int4_keeps_layers_the_kernel_cannot_take_dense():
+    model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 8), nn.Linear(40, 16)).bfloat16()
+    done = quantize(model, "int4")
+    assert (done.layers, done.kept_dense) == (1, 2)  # out 8 is not a multiple of 16; in 40 not of 32
+    assert isinstance(model[0], Int4Linear) and isinstance(model[1], nn.Linear)
+
+
+def test_quantized_copy_shares_what_it_keeps_and_leaves_the_original_dense():
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    ids = torch.tensor([random_prompt(12, 0)])
+    before = model(ids).logits
+    twin = quantized_copy(model, "int8")
+    assert weights_mode(model) == "dense" and weights_mode(twin) == "int8"
+    assert torch.equal(model(ids).logits, before)
+    assert twin.get_input_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    assert not torch.equal(twin(ids).logits, before)  # it does run other weights
+
+
+def test_quantized_copy_refuses_a_float32_model():
+    with pytest.raises(UserError, match="bfloat16"):
+        quantized_copy(tiny_model("llama"), "int8")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_one_token_decoding_equals_generate_on_the_quantized_model(arch, mode):
+    """tr's own forward (no drafts) through the quantized layers, its cache and masks, gives
+    `generate`'s tokens on the same quantized model."""
+    model = tiny_model(arch, dtype=torch.bfloat16)
+    quantize(model, mode)
+    decoder = TokenRecyclingDecoder(model, tree=PRESETS["none"])
+    for seed, (length, budget) in enumerate([(5, 1), (9, 7), (20, 40)]):
+        ids = random_prompt(length, seed)
+        decoder.reset()
+        assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
+
+
+def test_check_weights_refuses_what_cannot_run():
+    check_weights("dense", torch.device("cuda"), torch.float16)  # dense runs anywhere
+    check_weights("int8", CPU, None)
+    check_weights("int4", CPU, torch.bfloat16)
+    with pytest.raises(UserError, match="--weights int3: unknown; use dense, int8, int4"):
+        check_weights("int3", CPU, None)
+    with pytest.raises(UserError, match="CPU kernels; use --device cpu"):
+        check_weights("int8", torch.device("cuda"), None)
+    with pytest.raises(UserError, match="computes in bfloat16"):
+        check_weights("int4", CPU, torch.float32)
+
+
+def test_calibration_key_tells_weights_apart_and_keeps_dense_keys():
+    dense = tiny_model("llama", dtype=torch.bfloat16)
+    assert "weights" not in model_shape(dense)  # dense models keep the keys cached before --weights
+    int8 = quantized_copy(dense, "int8")
+    int4 = quantized_copy(dense, "int4")
+    keys = {calibration_key(m, CPU, torch.bfloat16, 8) for m in (dense, int8, int4)}
+    assert len(keys) == 3

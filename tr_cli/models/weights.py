@@ -1,0 +1,171 @@
+"""Weight-only quantized matmuls (`--weights int8|int4`) on torch's own CPU kernels.
+
+A one-token decoding step streams every weight once, so on a CPU its matmuls cost what the
+weights weigh: int8 halves bf16's bytes, int4 quarters them (benchmarks/matmul_kernels.py). The
+quantized layers replace the model's linear layers in place of the module objects (no transformers
+code is touched), so `generate` and tr run the very same quantized model: lossless there means equal
+to `generate` on it. Activations stay bfloat16 (the kernels' fast path).
+
+- int8: one symmetric scale per output row (`aten._weight_int8pack_mm`).
+- int4: groups of 32 inputs with a scale and a minimum each, as GGUF's Q4_1 blocks
+  (`aten._weight_int4pack_mm_for_cpu`); layers whose shape the kernel cannot take stay dense.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+WEIGHTS = ("dense", "int8", "int4")
+QUANTIZED_DTYPE = torch.bfloat16
+INT4_GROUP = 32
+_INT4_ROWS = 16  # the CPU int4 packing takes output sizes divisible by 16
+_INT4_INNER_TILES = 2
+
+
+class _QuantizedLinear(nn.Module):
+    """y = x Wᵀ + b with W quantized; subclasses hold W and call their kernel in `_matmul`."""
+
+    mode = ""
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(QUANTIZED_DTYPE), requires_grad=False)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = self._matmul(x.reshape(-1, shape[-1]).to(QUANTIZED_DTYPE).contiguous())
+        y = y.reshape(*shape[:-1], self.out_features)
+        return y if self.bias is None else y + self.bias
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.mode}"
+
+
+class Int8Linear(_QuantizedLinear):
+    mode = "int8"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias)
+        w = weight.detach().float()
+        scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        quantized = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight_int8", quantized.contiguous())
+        self.register_buffer("scales", scales.to(QUANTIZED_DTYPE))
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales)
+
+
+class Int4Linear(_QuantizedLinear):
+    mode = "int4"
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__(weight.shape[1], weight.shape[0], bias)
+        out_features, in_features = weight.shape
+        groups = weight.detach().float().reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+        levels = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
+        levels = levels.to(torch.int32).reshape(out_features, in_features)
+        # The kernel computes (q - 8) * scale + zero per group, so zero is the group's minimum
+        # moved by 8 steps; it takes them as (groups, out, 2) in the activations' dtype.
+        zeros = low + 8 * scales
+        self.register_buffer(
+            "scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).to(QUANTIZED_DTYPE).contiguous()
+        )
+        self.register_buffer(
+            "weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, _INT4_INNER_TILES)
+        )
+
+    @staticmethod
+    def fits(out_features: int, in_features: int) -> bool:
+        return out_features % _INT4_ROWS == 0 and in_features % INT4_GROUP == 0
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
+
+
+_KINDS = {"int8": Int8Linear, "int4": Int4Linear}
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """What `quantize` did: the mode and how many of the model's matmul weights it quantized."""
+
+    mode: str
+    layers: int
+    kept_dense: int
+
+
+def _dense_weight(module: nn.Module) -> torch.Tensor | None:
+    """A matmul layer's weight as (out, in): nn.Linear's, or GPT-2's Conv1D (stored (in, out))."""
+    if isinstance(module, nn.Linear):
+        return module.weight
+    if type(module).__name__ == "Conv1D" and hasattr(module, "nf"):
+        return module.weight.t()
+    return None
+
+
+def check_weights(mode: str, device: torch.device, dtype: torch.dtype | None) -> None:
+    """Refuse a mode this device or dtype cannot run, before any weights load."""
+    if mode not in WEIGHTS:
+        raise UserError(f"--weights {mode}: unknown; use {', '.join(WEIGHTS)}")
+    if mode == "dense":
+        return
+    if device.type != "cpu":
+        raise UserError(
+            f"--weights {mode} runs on torch's CPU kernels; use --device cpu, or --weights dense on {device.type}"
+        )
+    if dtype is not None and dtype != QUANTIZED_DTYPE:
+        raise UserError(f"--weights {mode} computes in bfloat16; leave --dtype at auto or give bfloat16")
+
+
+def quantize(model: nn.Module, mode: str) -> Quantized:
+    """Replace the model's matmul layers (the output head included) with `mode` ones, in place,
+    and move the rest of the model to bfloat16."""
+    if mode == "dense":
+        return Quantized(mode, 0, 0)
+    kind = _KINDS[mode]
+    targets = [(name, module) for name, module in model.named_modules() if _dense_weight(module) is not None and name]
+    layers = kept = 0
+    for name, module in targets:
+        weight = _dense_weight(module)
+        if kind is Int4Linear and not Int4Linear.fits(*weight.shape):
+            kept += 1
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, kind(weight, getattr(module, "bias", None)))
+        layers += 1
+    model.to(QUANTIZED_DTYPE)
+    return Quantized(mode, layers, kept)
+
+
+def quantized_copy(model: nn.Module, mode: str) -> nn.Module:
+    """A `mode` copy of a bfloat16 model sharing every tensor `quantize` keeps (embeddings, norms),
+    so a bench compares both in one process at the cost of the quantized weights only."""
+    if next(model.parameters()).dtype != QUANTIZED_DTYPE:  # a cast would convert the shared tensors
+        raise UserError(f"@{mode} methods compare against a bfloat16 model; give --dtype bfloat16")
+    shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
+    twin = copy.deepcopy(model, memo=dict(shared))
+    quantize(twin, mode)
+    return twin
+
+
+def weights_mode(model: nn.Module) -> str:
+    """'int8' or 'int4' when the model's layers are quantized, else 'dense'."""
+    for module in model.modules():
+        if isinstance(module, _QuantizedLinear):
+            return module.mode
+    return "dense"
