@@ -27,6 +27,7 @@ from .drafters.merge import DraftMerger
 from .drafters.planner import DraftPlanner
 from .drafters.store_lookup import StoreLookupDrafter
 from .events import GenerationResult, GenerationStats, StepEvent, StepTimings, track
+from .forward import make_forward
 from .kv_cache import CompactingCache
 from .matrix import DEFAULT_K, new_matrix, output_vocab_size
 from .recycled_store import RecycledStore
@@ -110,7 +111,7 @@ class TokenRecyclingDecoder:
         self._planner: DraftPlanner | None = None
         dtype = next(model.parameters()).dtype
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
-        self._cache_kw = _cache_keyword(model)
+        self.forward_pass = make_forward(model, _cache_keyword(model))
         self.set_sampling(sampling)
         self.reset()
         if tree is None and cost is not None:
@@ -206,15 +207,7 @@ class TokenRecyclingDecoder:
         return self.layout.build(self.cache.length, positions, visible)
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | dict) -> torch.Tensor:
-        out = self.model(
-            input_ids=input_ids[None],
-            attention_mask=mask,
-            position_ids=positions[None],
-            use_cache=True,
-            **{self._cache_kw: self.cache},
-        )
-        # With device_map="auto" the head may sit on another device than the embeddings.
-        return out.logits[0].to(self.device)
+        return self.forward_pass(input_ids, positions, mask, self.cache)
 
     def _forward_causal(self, ids: torch.Tensor) -> torch.Tensor:
         """Append plain new tokens after the cache, each seeing the cache and the tokens before it."""

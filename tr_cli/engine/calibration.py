@@ -20,7 +20,8 @@ from .cpu_load import OtherLoad
 
 # 2: the key is the model's shape (class, config without paths or identity, attention), no longer
 # its id and whole config, so a model moved or loaded from another directory is not measured again.
-CALIBRATION_VERSION = 2
+# 3: and the forward path (core/forward.py): the direct Llama-family path costs less per step.
+CALIBRATION_VERSION = 3
 # Other processes' CPU use during a measurement above which it is not cached. Measured here: one
 # competing torch process cut one-token decoding from 14.0 to 5.2 tok/s (benchmarks/contention_bench.py).
 BUSY_CORES = 0.5
@@ -64,10 +65,12 @@ def _without_identity(value: object) -> object:
     return value
 
 
-def calibration_key(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, k: int) -> str:
+def calibration_key(
+    model: torch.nn.Module, device: torch.device, dtype: torch.dtype, k: int, forward: str = "model"
+) -> str:
     """Everything t(N) depends on: device model, threads, torch and transformers versions, the
-    model's shape, dtype and k. Not the model's id or where its files are: the same shape loaded
-    from anywhere (a new TR_HOME, a copied checkpoint) reads the same measurement."""
+    model's shape, dtype, k and the forward path. Not the model's id or where its files are: the
+    same shape loaded from anywhere (a new TR_HOME, a copied checkpoint) reads the same measurement."""
     shape = json.dumps(model_shape(model), sort_keys=True)
     parts = [
         str(CALIBRATION_VERSION),
@@ -79,6 +82,7 @@ def calibration_key(model: torch.nn.Module, device: torch.device, dtype: torch.d
         hashlib.sha256(shape.encode()).hexdigest(),
         str(dtype),
         str(k),
+        forward,
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
@@ -96,7 +100,7 @@ def load_or_calibrate(
     more than `busy_cores` cores busy, which is not cached. `model_id` is only recorded in the file."""
     say = status or (lambda message: None)
     dtype = next(decoder.model.parameters()).dtype
-    key = calibration_key(decoder.model, decoder.device, dtype, decoder.k)
+    key = calibration_key(decoder.model, decoder.device, dtype, decoder.k, decoder.forward_pass.name)
     try:
         cost = read_calibration(key)
         if cost is not None:

@@ -47,7 +47,7 @@ def test_the_key_is_the_same_wherever_the_model_is_loaded_from(tmp_path):
     assert _key(tiny_model("llama", seed=1)) == _key(model)
 
 
-def test_the_key_changes_with_the_shape_dtype_attention_and_k(tmp_path):
+def test_the_key_changes_with_the_shape_dtype_attention_k_and_forward_path(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     model = tiny_model("llama")
@@ -63,8 +63,9 @@ def test_the_key_changes_with_the_shape_dtype_attention_and_k(tmp_path):
         _key(eager),
         _key(model, k=4),
         _key(tiny_model("qwen2")),  # same sizes, another architecture
+        calibration_key(model, torch.device("cpu"), torch.float32, 8, "direct"),  # another forward path
     }
-    assert len(keys) == 7
+    assert len(keys) == 8
 
 
 def test_a_moved_checkpoint_reads_the_measurement_back(home, tmp_path):
@@ -92,7 +93,7 @@ def test_an_unwritable_data_dir_keeps_the_measurement_and_warns(home):
     cost = load_or_calibrate(decoder, "tiny-llama", status=messages.append, warn=warnings.append, busy_cores=ANY_LOAD)
     assert cost.sizes == CALIBRATION_SIZES and cost.seconds[0] > 0
     assert len(messages) == 1 and messages[0].startswith("Measuring")
-    key = calibration_key(decoder.model, decoder.device, torch.float32, decoder.k)
+    key = calibration_key(decoder.model, decoder.device, torch.float32, decoder.k, decoder.forward_pass.name)
     assert len(warnings) == 1 and "\n" not in warnings[0]
     assert warnings[0].startswith(f"could not save the t(N) calibration to {calibration_path(key)} (")
     # Without a warn callback the failure still reaches the user, through status.
@@ -116,7 +117,7 @@ def test_a_cached_file_that_is_not_a_calibration_is_a_store_error(home):
 
 def test_a_bad_cached_calibration_is_measured_again_and_replaced(home):
     decoder = TokenRecyclingDecoder(tiny_model("llama"))
-    key = calibration_key(decoder.model, decoder.device, torch.float32, decoder.k)
+    key = calibration_key(decoder.model, decoder.device, torch.float32, decoder.k, decoder.forward_pass.name)
     path = calibration_path(key)
     path.parent.mkdir(parents=True)
     path.write_text("{truncated")

@@ -1,0 +1,84 @@
+"""The direct Llama-family forward gives the model's own forward's logits and cache, bit for bit."""
+
+import pytest
+import torch
+
+from tr_cli.core.attention import AttentionLayout, causal_visibility
+from tr_cli.core.decode import TokenRecyclingDecoder
+from tr_cli.core.forward import LlamaFamilyForward, ModelForward, make_forward
+from tr_cli.core.kv_cache import CompactingCache
+from tr_cli.models.weights import quantize
+
+from tiny_models import ARCHITECTURES, random_prompt, tiny_model
+
+DIRECT = ["llama", "qwen2", "qwen2-swa", "mistral"]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_direct_path_is_taken_for_the_llama_family_only(arch):
+    decoder = TokenRecyclingDecoder(tiny_model(arch))
+    expected = LlamaFamilyForward if arch in DIRECT else ModelForward
+    assert type(decoder.forward_pass) is expected
+
+
+def _tree_visibility(size: int) -> torch.Tensor:
+    """A small tree: node i's parent is (i - 1) // 2, so siblings must not see each other."""
+    visible = torch.eye(size, dtype=torch.bool)
+    for node in range(1, size):
+        parent = (node - 1) // 2
+        visible[node] |= visible[parent]
+    return visible
+
+
+def _depths(size: int) -> torch.Tensor:
+    return torch.tensor([(node + 1).bit_length() - 1 for node in range(size)])
+
+
+def _run(forward, model, ids: list[int], tree: list[int]) -> tuple[list[torch.Tensor], CompactingCache]:
+    """A chunked prefill, a tree step, then one token: the logits of each and the cache."""
+    layout = AttentionLayout.from_config(model.config, next(model.parameters()).dtype, "cpu")
+    cache = CompactingCache()
+    outputs = []
+    for chunk in (ids[:13], ids[13:]):
+        positions = torch.arange(len(chunk)) + cache.length
+        mask = layout.build(cache.length, positions, causal_visibility(len(chunk), "cpu"))
+        outputs.append(forward(torch.tensor(chunk), positions, mask, cache))
+    positions = _depths(len(tree)) + cache.length
+    outputs.append(
+        forward(torch.tensor(tree), positions, layout.build(cache.length, positions, _tree_visibility(7)), cache)
+    )
+    cache.keep(len(ids), torch.tensor([0, 2, 6]))  # accept a path, as a step does
+    positions = torch.arange(1) + cache.length
+    outputs.append(
+        forward(
+            torch.tensor(tree[:1]), positions, layout.build(cache.length, positions, causal_visibility(1, "cpu")), cache
+        )
+    )
+    return outputs, cache
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int4"])
+@pytest.mark.parametrize("arch", DIRECT)
+def test_direct_logits_and_cache_equal_the_models_own(arch, weights):
+    dtype = torch.float32 if weights == "float32" else torch.bfloat16
+    model = tiny_model(arch, dtype=dtype)
+    if weights == "int4":
+        quantize(model, "int4")
+    ids, tree = random_prompt(30, 1), random_prompt(7, 2)  # 30 > the sliding window of 12
+    with torch.inference_mode():
+        own, own_cache = _run(ModelForward(model, "cache"), model, ids, tree)
+        direct, direct_cache = _run(make_forward(model, "cache"), model, ids, tree)
+    assert isinstance(make_forward(model, "cache"), LlamaFamilyForward)
+    for a, b in zip(own, direct, strict=True):
+        assert torch.equal(a, b)
+    assert own_cache.length == direct_cache.length == 30 + 3 + 1
+    for a, b in zip(own_cache.layers, direct_cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
+def test_a_model_split_over_devices_takes_its_own_forward():
+    model = tiny_model("llama")
+    model.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}
+    assert not LlamaFamilyForward.supports(model)
+    model.hf_device_map = {"": 0}
+    assert LlamaFamilyForward.supports(model)

@@ -1,0 +1,119 @@
+"""The forward pass a decoding step runs: new tokens at given positions, a 4D mask, our KV cache.
+
+Two paths, the same logits bit for bit:
+- `ModelForward`: the model's own `forward` through its public inputs (4D mask, position ids, the
+  cache API). Any architecture.
+- `LlamaFamilyForward`: for Llama, Qwen2 and Mistral decoders, the model's own modules and
+  functions (norms, projections, rotary embedding, MLP, transformers' attention function) called
+  in the order the model's forward calls them, without the per-call machinery around them
+  (argument plumbing, output records, mask dispatch, cache indirection). On a 135M model that
+  machinery is ~10 % of a one-token step (benchmarks/results/forward-*). The tests check that both
+  paths give identical logits on every supported architecture.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .kv_cache import CompactingCache
+
+Mask = torch.Tensor | dict[str, torch.Tensor]
+
+# config.model_type of the decoders whose layers are exactly: norm -> q/k/v -> rotary -> cache ->
+# attention -> o_proj -> residual -> norm -> mlp -> residual (transformers 5.24).
+LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+_ATTENTION_KERNELS = ("sdpa", "eager")
+
+
+class ModelForward:
+    """The model's own forward: works for every causal LM transformers loads."""
+
+    name = "model"
+
+    def __init__(self, model: torch.nn.Module, cache_keyword: str) -> None:
+        self.model = model
+        self.device = model.get_input_embeddings().weight.device
+        self._cache_keyword = cache_keyword
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: Mask, cache: CompactingCache
+    ) -> torch.Tensor:
+        out = self.model(
+            input_ids=input_ids[None],
+            attention_mask=mask,
+            position_ids=positions[None],
+            use_cache=True,
+            **{self._cache_keyword: cache},
+        )
+        # With device_map="auto" the head may sit on another device than the embeddings.
+        return out.logits[0].to(self.device)
+
+
+class LlamaFamilyForward:
+    """The Llama-family decoder composed from its own modules, for less per-step overhead."""
+
+    name = "direct"
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        body = model.model
+        self.embed = body.embed_tokens
+        self.rotary = body.rotary_emb
+        self.layers = list(body.layers[: model.config.num_hidden_layers])
+        self.norm = body.norm
+        self.head = model.lm_head
+        # The rotary and attention functions the model's own attention calls, looked up as it does.
+        family = sys.modules[type(self.layers[0].self_attn).__module__]
+        self.apply_rotary: Callable = family.apply_rotary_pos_emb
+        self.attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            model.config._attn_implementation, family.eager_attention_forward
+        )
+        self.layer_types = getattr(model.config, "layer_types", None)
+
+    @staticmethod
+    def supports(model: torch.nn.Module) -> bool:
+        """A Llama-family model on one device, with an attention kernel whose function we call as
+        the model does; anything else takes the model's own forward."""
+        config = getattr(model, "config", None)
+        if getattr(config, "model_type", None) not in LLAMA_FAMILY:
+            return False
+        if getattr(config, "_attn_implementation", None) not in _ATTENTION_KERNELS:
+            return False
+        placement = getattr(model, "hf_device_map", None)
+        if placement and len(set(placement.values())) > 1:  # accelerate's hooks sit on whole layers
+            return False
+        body = getattr(model, "model", None)
+        parts = all(hasattr(body, part) for part in ("embed_tokens", "rotary_emb", "layers", "norm"))
+        family = sys.modules.get(type(body.layers[0].self_attn).__module__) if parts and len(body.layers) else None
+        functions = all(hasattr(family, f) for f in ("apply_rotary_pos_emb", "eager_attention_forward"))
+        return parts and functions and hasattr(model, "lm_head")
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: Mask, cache: CompactingCache
+    ) -> torch.Tensor:
+        hidden = self.embed(input_ids[None])
+        cos, sin = self.rotary(hidden, positions[None])
+        count = input_ids.shape[0]
+        for index, layer in enumerate(self.layers):
+            attention = layer.self_attn
+            layer_mask = mask[self.layer_types[index]] if isinstance(mask, dict) else mask
+            states = layer.input_layernorm(hidden)
+            shape = (1, count, -1, attention.head_dim)
+            query = attention.q_proj(states).view(shape).transpose(1, 2)
+            key = attention.k_proj(states).view(shape).transpose(1, 2)
+            value = attention.v_proj(states).view(shape).transpose(1, 2)
+            query, key = self.apply_rotary(query, key, cos, sin)
+            key, value = cache.update(key, value, index)
+            output, _ = self.attention(attention, query, key, value, layer_mask, dropout=0.0, scaling=attention.scaling)
+            hidden = hidden + attention.o_proj(output.reshape(1, count, -1).contiguous())
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        return self.head(self.norm(hidden))[0]
+
+
+def make_forward(model: torch.nn.Module, cache_keyword: str) -> ModelForward | LlamaFamilyForward:
+    """The direct path where the model supports it, else the model's own forward."""
+    return LlamaFamilyForward(model) if LlamaFamilyForward.supports(model) else ModelForward(model, cache_keyword)
