@@ -103,15 +103,34 @@ class LlamaFamilyForward:
             layer_mask = mask[self.layer_types[index]] if isinstance(mask, dict) else mask
             states = layer.input_layernorm(hidden)
             shape = (1, count, -1, attention.head_dim)
-            query = attention.q_proj(states).view(shape).transpose(1, 2)
-            key = attention.k_proj(states).view(shape).transpose(1, 2)
-            value = attention.v_proj(states).view(shape).transpose(1, 2)
+            fused = getattr(attention, "fused_qkv", None)
+            if fused is not None:  # one matmul for q, k and v (models/weights.py keeps it)
+                query, key, value = fused(states).split(self._qkv_sizes(attention), dim=-1)
+            else:
+                query, key, value = attention.q_proj(states), attention.k_proj(states), attention.v_proj(states)
+            query = query.view(shape).transpose(1, 2)
+            key = key.view(shape).transpose(1, 2)
+            value = value.view(shape).transpose(1, 2)
             query, key = self.apply_rotary(query, key, cos, sin)
             key, value = cache.update(key, value, index)
             output, _ = self.attention(attention, query, key, value, layer_mask, dropout=0.0, scaling=attention.scaling)
             hidden = hidden + attention.o_proj(output.reshape(1, count, -1).contiguous())
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return self.head(self.norm(hidden))[0]
+
+    @staticmethod
+    def _qkv_sizes(attention: torch.nn.Module) -> tuple[int, int, int]:
+        return attention.q_proj.out_features, attention.k_proj.out_features, attention.v_proj.out_features
+
+    @staticmethod
+    def _mlp(mlp: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
+        """The MLP as the model computes it: down(act(gate(x)) * up(x)), gate and up in one matmul
+        where a fused layer is kept."""
+        fused = getattr(mlp, "fused_gate_up", None)
+        if fused is None:
+            return mlp(states)
+        gate, up = fused(states).split([mlp.gate_proj.out_features, mlp.up_proj.out_features], dim=-1)
+        return mlp.down_proj(mlp.act_fn(gate) * up)
 
 
 def make_forward(model: torch.nn.Module, cache_keyword: str) -> ModelForward | LlamaFamilyForward:

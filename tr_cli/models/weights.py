@@ -44,9 +44,22 @@ class _QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self._matmul(x.reshape(-1, shape[-1]).to(QUANTIZED_DTYPE).contiguous())
-        y = y.reshape(*shape[:-1], self.out_features)
+        flat = x.reshape(-1, shape[-1])
+        if flat.dtype != QUANTIZED_DTYPE:  # checked here: a no-op call still costs ~1 µs, 211 times a step
+            flat = flat.to(QUANTIZED_DTYPE)
+        if not flat.is_contiguous():
+            flat = flat.contiguous()
+        y = self._matmul(flat).view(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _share(self, start: int, stop: int) -> _QuantizedLinear:
+        """A layer computing output rows [start, stop) of this one on the same weight storage."""
+        raise NotImplementedError
+
+    def rows(self, start: int, stop: int) -> _QuantizedLinear:
+        part = self._share(start, stop)
+        part.bias = None if self.bias is None else nn.Parameter(self.bias[start:stop], requires_grad=False)
+        return part
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, weights={self.mode}"
@@ -65,6 +78,13 @@ class Int8Linear(_QuantizedLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales)
+
+    def _share(self, start: int, stop: int) -> Int8Linear:
+        part = Int8Linear.__new__(Int8Linear)
+        _QuantizedLinear.__init__(part, self.in_features, stop - start, None)
+        part.register_buffer("weight_int8", self.weight_int8[start:stop])  # whole rows: a contiguous view
+        part.register_buffer("scales", self.scales[start:stop])
+        return part
 
 
 class Int4Linear(_QuantizedLinear):
@@ -95,8 +115,22 @@ class Int4Linear(_QuantizedLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
 
+    def _share(self, start: int, stop: int) -> Int4Linear:
+        part = Int4Linear.__new__(Int4Linear)
+        _QuantizedLinear.__init__(part, self.in_features, stop - start, None)
+        # The CPU packing keeps each output row's nibbles in its own row (checked by the tests), so
+        # whole rows are a view; the (groups, out, 2) scales are small and copied to be contiguous.
+        part.register_buffer("weight_int4", self.weight_int4[start:stop])
+        part.register_buffer("scales_and_zeros", self.scales_and_zeros[:, start:stop].contiguous())
+        return part
+
 
 _KINDS = {"int8": Int8Linear, "int4": Int4Linear}
+
+# Sibling projections reading the same input, as Llama-family layers name them, and the attribute
+# under which their fused layer is kept (core/forward.py's direct path calls it once instead of
+# each sibling; the model's own forward still calls the siblings, row views of the fused weights).
+FUSED_GROUPS = {"fused_qkv": ("q_proj", "k_proj", "v_proj"), "fused_gate_up": ("gate_proj", "up_proj")}
 
 
 @dataclass(frozen=True)
@@ -137,8 +171,9 @@ def quantize(model: nn.Module, mode: str) -> Quantized:
     if mode == "dense":
         return Quantized(mode, 0, 0)
     kind = _KINDS[mode]
+    layers = _fuse_siblings(model, kind)
     targets = [(name, module) for name, module in model.named_modules() if _dense_weight(module) is not None and name]
-    layers = kept = 0
+    kept = 0
     for name, module in targets:
         weight = _dense_weight(module)
         if kind is Int4Linear and not Int4Linear.fits(*weight.shape):
@@ -150,6 +185,43 @@ def quantize(model: nn.Module, mode: str) -> Quantized:
         layers += 1
     model.to(QUANTIZED_DTYPE)
     return Quantized(mode, layers, kept)
+
+
+def _fuse_siblings(model: nn.Module, kind: type[_QuantizedLinear]) -> int:
+    """Quantize each FUSED_GROUPS group as one layer over the concatenated weights (per-row scales
+    and groups make that the same numbers), kept as `parent.<fused name>`; each sibling becomes a
+    row view of it. A group whose views would not hold exactly what the sibling quantized alone
+    holds (torch's int4 packing interleaves blocks of rows) stays unfused. Returns how many
+    siblings were replaced."""
+    replaced = 0
+    for parent in list(model.modules()):
+        for fused_name, names in FUSED_GROUPS.items():
+            siblings = [getattr(parent, name, None) for name in names]
+            weights = [_dense_weight(m) if isinstance(m, nn.Module) else None for m in siblings]
+            if any(w is None for w in weights) or len({w.shape[1] for w in weights}) != 1:
+                continue
+            if kind is Int4Linear and not all(Int4Linear.fits(*w.shape) for w in weights):
+                continue
+            biases = [getattr(m, "bias", None) for m in siblings]
+            if any(b is None for b in biases) and any(b is not None for b in biases):
+                continue
+            bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+            fused = kind(torch.cat([w.detach() for w in weights]), bias)
+            alone = [kind(w, b) for w, b in zip(weights, biases, strict=True)]
+            bounds = torch.tensor([0, *[w.shape[0] for w in weights]]).cumsum(0).tolist()
+            views = [fused.rows(start, stop) for start, stop in zip(bounds, bounds[1:], strict=False)]
+            exact = all(_same_tensors(view, own) for view, own in zip(views, alone, strict=True))
+            if exact:
+                setattr(parent, fused_name, fused)
+            for name, layer in zip(names, views if exact else alone, strict=True):
+                setattr(parent, name, layer)
+            replaced += len(names)
+    return replaced
+
+
+def _same_tensors(a: nn.Module, b: nn.Module) -> bool:
+    mine, theirs = a.state_dict(), b.state_dict()
+    return mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
 def quantized_copy(model: nn.Module, mode: str) -> nn.Module:

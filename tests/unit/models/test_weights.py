@@ -1,5 +1,7 @@
 """Weight-only int8/int4 layers (`--weights`): what they compute, what they replace, what they refuse."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -79,6 +81,45 @@ def test_quantize_replaces_every_matmul_and_the_head():
     assert torch.equal(model.get_input_embeddings().weight, embedding)
     assert output_vocab_size(model) == model.config.vocab_size
     assert weights_mode(model) == "int8"
+
+
+class _Attention(nn.Module):
+    """q/k/v projections with biases, as a Llama-family layer names them."""
+
+    def __init__(self, sizes: tuple[int, int, int]) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(64, size) for size in sizes)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_fused_siblings_are_row_views_computing_what_separate_layers_compute(mode):
+    """q/k/v are quantized as one layer; each sibling is a view of its rows and computes bit for
+    bit what the sibling quantized on its own computes. Where torch's int4 packing would mix two
+    siblings' rows (it interleaves blocks of rows), they stay separate layers."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 64).bfloat16()
+    for sizes, fuses in (((128, 64, 64), True), ((64, 32, 32), mode == "int8")):
+        model = _Attention(sizes).bfloat16()
+        alone = {}
+        for name in ("q_proj", "k_proj", "v_proj"):
+            holder = nn.Sequential(copy.deepcopy(getattr(model, name)))
+            quantize(holder, mode)
+            alone[name] = holder[0]
+        assert quantize(model, mode).layers == 3
+        assert hasattr(model, "fused_qkv") == fuses
+        pieces = []
+        for name in ("q_proj", "k_proj", "v_proj"):
+            layer = getattr(model, name)
+            assert torch.equal(layer(x), alone[name](x))
+            pieces.append(layer(x))
+            if fuses:
+                storage = (
+                    model.fused_qkv.weight_int8 if mode == "int8" else model.fused_qkv.weight_int4
+                ).untyped_storage()
+                weight = layer.weight_int8 if mode == "int8" else layer.weight_int4
+                assert weight.untyped_storage().data_ptr() == storage.data_ptr()  # a view, no copy
+        if fuses:
+            assert torch.equal(model.fused_qkv(x), torch.cat(pieces, dim=-1))
 
 
 def test_gpt2_conv1d_layers_are_quantized_too():
