@@ -10,9 +10,10 @@ llama-cpp-python built from its sdist, never beside another heavy process:
     /tmp/llamavenv/bin/python benchmarks/llama_cpp_bench.py MODEL.gguf benchmarks/prompts/own.jsonl
 
 (GGML_NATIVE=OFF with the CPU's own instruction sets: a native build has died with SIGILL on
-these virtual machines.) Each prompt's first turn goes through the GGUF's chat template; the time
-counts prompt processing and generation, as `tr bench` counts prefill and decoding. Prints one
-line per prompt and the total tokens/s; --json writes the numbers.
+these virtual machines.) The prompts are the ones `tr bench PROMPTS --limit N --turns 1` counts
+(the first one also warms up first). Each prompt's first turn goes through the GGUF's chat
+template; the time counts prompt processing and generation, as `tr bench` counts prefill and
+decoding. Prints one line per prompt and the total tokens/s; --json writes the numbers.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ import time
 from pathlib import Path
 
 
-def _prompts(path: Path, limit: int | None, skip: int) -> list[tuple[str, str]]:
+def _prompts(path: Path, limit: int | None) -> list[tuple[str, str]]:
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    chosen = records[skip:]
-    return [(r["question_id"], r["turns"][0]) for r in (chosen[:limit] if limit else chosen)]
+    return [(r["question_id"], r["turns"][0]) for r in (records[:limit] if limit else records)]
 
 
 def main() -> None:
@@ -37,27 +37,27 @@ def main() -> None:
     parser.add_argument("gguf", type=Path)
     parser.add_argument("prompts", type=Path)
     parser.add_argument("--limit", type=int)
-    parser.add_argument("--warmup", type=int, default=1, help="prompts run first and not counted")
+    parser.add_argument("--warmup", type=int, default=1, help="first prompts also run once first (32 tokens)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     llm = Llama(str(args.gguf), n_ctx=4096, n_threads=args.threads, n_batch=512, verbose=False, seed=0)
-    prompts = _prompts(args.prompts, None if args.limit is None else args.limit + args.warmup, 0)
-    rows = []
-    for index, (qid, text) in enumerate(prompts):
+    prompts = _prompts(args.prompts, args.limit)
+
+    def reply(text: str, max_tokens: int) -> tuple[int, float]:
         llm.reset()
         start = time.perf_counter()
         out = llm.create_chat_completion(
-            messages=[{"role": "user", "content": text}],
-            max_tokens=args.max_new_tokens,
-            temperature=0.0,
-            top_k=1,
+            messages=[{"role": "user", "content": text}], max_tokens=max_tokens, temperature=0.0, top_k=1
         )
-        seconds = time.perf_counter() - start
-        tokens = out["usage"]["completion_tokens"]
-        if index < args.warmup:
-            continue
+        return out["usage"]["completion_tokens"], time.perf_counter() - start
+
+    for _, text in prompts[: args.warmup]:
+        reply(text, min(args.max_new_tokens, 32))
+    rows = []
+    for qid, text in prompts:
+        tokens, seconds = reply(text, args.max_new_tokens)
         rows.append({"id": qid, "new_tokens": tokens, "wall_seconds": seconds})
         print(f"{qid}: {tokens} tokens in {seconds:.2f}s = {tokens / seconds:.1f} tok/s", flush=True)
     total_tokens = sum(r["new_tokens"] for r in rows)

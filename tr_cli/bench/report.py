@@ -91,6 +91,7 @@ def environment_line(env: dict) -> str:
     keys = (
         "model",
         "dtype",
+        "weights",
         "device_name",
         "threads",
         "tree",

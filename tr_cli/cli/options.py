@@ -40,7 +40,7 @@ Weights = Annotated[
     typer.Option(
         "--weights",
         help="dense (the model's weights in --dtype), or int8 / int4: weight-only quantized matmuls on the CPU "
-        "(bfloat16 activations; output equals generate on the same quantized model).",
+        "(bfloat16 activations; --compare runs generate on the same quantized model).",
     ),
 ]
 Tree = Annotated[

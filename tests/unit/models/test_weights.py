@@ -122,6 +122,15 @@ def test_fused_siblings_are_row_views_computing_what_separate_layers_compute(mod
             assert torch.equal(model.fused_qkv(x), torch.cat(pieces, dim=-1))
 
 
+def test_int4_keeps_the_output_head_at_int8():
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    linears = sum(isinstance(m, nn.Linear) for m in model.modules())
+    assert quantize(model, "int4").layers == linears
+    assert type(model.get_output_embeddings()) is Int8Linear
+    assert type(model.model.layers[0].mlp.down_proj) is Int4Linear
+    assert weights_mode(model) == "int4"
+
+
 def test_gpt2_conv1d_layers_are_quantized_too():
     model = tiny_model("gpt2", dtype=torch.bfloat16)
     assert quantize(model, "int4").kept_dense == 0
