@@ -3,14 +3,16 @@
 A one-token decoding step streams every weight once, so on a CPU its matmuls cost what the
 weights weigh: int8 halves bf16's bytes, int4 quarters them (benchmarks/matmul_kernels.py). The
 quantized layers replace the model's linear layers in place of the module objects (no transformers
-code is touched), so `generate` and tr run the very same quantized model: lossless there means equal
-to `generate` on it. Activations stay bfloat16 (the kernels' fast path).
+code is touched), so `generate` and tr run the very same quantized model, and tr's output is
+compared with `generate` on it (as with any bf16 model, a many-token forward may round a near-tie
+differently). Activations stay bfloat16 (the kernels' fast path: float32 ones are 5-20x slower).
 
 - int8: one symmetric scale per output row (`aten._weight_int8pack_mm`).
 - int4: groups of 32 inputs with a scale and a minimum each, as GGUF's Q4_1 blocks
   (`aten._weight_int4pack_mm_for_cpu`); layers whose shape the kernel cannot take stay dense. The
-  output head stays int8: its error lands on every logit, and in int4 it cost SmolLM2 a perplexity
-  of 11.39 against 10.87 dense, which the int8 head keeps (GGUF's Q4 mixes keep it at Q8_0 too).
+  output head stays int8: its error lands on every logit. On SmolLM2 an int4 head raised the
+  perplexity of our 30 prompts from 18.32 (dense) to 19.46; with the int8 head int4 gives 18.36
+  (benchmarks/weights_quality.py). GGUF's Q4 mixes keep that tensor at Q8_0 too.
 """
 
 from __future__ import annotations
