@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from tr_cli.bench.methods import HFGenerate
 from tr_cli.models import load_model
 from tr_cli.models.weights import quantized_copy
 from tr_cli.store.paths import cache_dir
@@ -36,16 +37,8 @@ def _perplexity(model: torch.nn.Module, texts: list[list[int]]) -> float:
 
 
 def _reply(model: torch.nn.Module, ids: list[int], max_new_tokens: int, eos: list[int]) -> list[int]:
-    prompt = torch.tensor([ids])
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=eos or None,
-        pad_token_id=eos[0] if eos else 0,
-    )
-    return out[0, len(ids) :].tolist()
+    """Greedy `generate`, as `tr bench`'s baseline runs it."""
+    return HFGenerate(model, eos, prompt_lookup=False).run(ids, max_new_tokens).tokens
 
 
 def _agreement(a: list[int], b: list[int]) -> float:
