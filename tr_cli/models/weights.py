@@ -36,6 +36,8 @@ class _QuantizedLinear(nn.Module):
     """y = x Wᵀ + b with W quantized; subclasses hold W and call their kernel in `_matmul`."""
 
     mode = ""
+    # Whether a row view holds exactly what quantizing those rows alone gives, by construction.
+    rows_exact = False
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -71,6 +73,7 @@ class _QuantizedLinear(nn.Module):
 
 class Int8Linear(_QuantizedLinear):
     mode = "int8"
+    rows_exact = True  # one scale per row, rows stored one after another
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__(weight.shape[1], weight.shape[0], bias)
@@ -122,8 +125,8 @@ class Int4Linear(_QuantizedLinear):
     def _share(self, start: int, stop: int) -> Int4Linear:
         part = Int4Linear.__new__(Int4Linear)
         _QuantizedLinear.__init__(part, self.in_features, stop - start, None)
-        # The CPU packing keeps each output row's nibbles in its own row (checked by the tests), so
-        # whole rows are a view; the (groups, out, 2) scales are small and copied to be contiguous.
+        # The CPU packing interleaves blocks of 64 output rows, so a view is whole rows only at block
+        # boundaries (_fuse_siblings checks each); the (groups, out, 2) scales are copied contiguous.
         part.register_buffer("weight_int4", self.weight_int4[start:stop])
         part.register_buffer("scales_and_zeros", self.scales_and_zeros[:, start:stop].contiguous())
         return part
@@ -213,13 +216,15 @@ def _fuse_siblings(model: nn.Module, kind: type[_QuantizedLinear]) -> int:
                 continue
             bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
             fused = kind(torch.cat([w.detach() for w in weights]), bias)
-            alone = [kind(w, b) for w, b in zip(weights, biases, strict=True)]
             bounds = torch.tensor([0, *[w.shape[0] for w in weights]]).cumsum(0).tolist()
             views = [fused.rows(start, stop) for start, stop in zip(bounds, bounds[1:], strict=False)]
-            exact = all(_same_tensors(view, own) for view, own in zip(views, alone, strict=True))
-            if exact:
+            if not kind.rows_exact:  # compare with each sibling quantized alone; keep those if they differ
+                alone = [kind(w, b) for w, b in zip(weights, biases, strict=True)]
+                if not all(_same_tensors(view, own) for view, own in zip(views, alone, strict=True)):
+                    views, fused = alone, None
+            if fused is not None:
                 setattr(parent, fused_name, fused)
-            for name, layer in zip(names, views if exact else alone, strict=True):
+            for name, layer in zip(names, views, strict=True):
                 setattr(parent, name, layer)
             replaced += len(names)
     return replaced
