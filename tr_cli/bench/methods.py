@@ -163,13 +163,12 @@ def make_runners(engine: Engine, methods: list[str], variants: dict[str, TreeCho
     runners, drafts = {}, {}
     eos = engine.loaded.eos_token_ids
     for name in methods:
-        weights = split_weights(name)[1]
+        base, weights = split_weights(name)
         model = engine.loaded.model if weights is None else engine.quantized_model(weights)
         if name == "tr" or name in variants:
             decoder = engine.decoder if name == "tr" else engine.make_decoder(variants[name], fork=True, model=model)
             runners[name] = TokenRecycling(decoder, eos).run
             drafts[name] = decoder.describe()
         else:
-            pld = split_weights(name)[0] == "pld"
-            runners[name] = HFGenerate(model, eos, prompt_lookup=pld, sampling=engine.sampling).run
+            runners[name] = HFGenerate(model, eos, prompt_lookup=base == "pld", sampling=engine.sampling).run
     return runners, drafts
