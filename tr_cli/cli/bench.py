@@ -48,8 +48,8 @@ Methods = Annotated[
         "--methods",
         help="Comma-separated: baseline (HF generate), pld (HF prompt lookup), ar (tr's own forward, one "
         "token per step: what speculation alone adds), tr (with --tree/--lookup), tr:TREE variants on a copy of the "
-        "matrix (e.g. tr:paper, tr:auto+lookup0). Any of them @int8 or @int4: on a weight-only quantized copy of "
-        "the model (bfloat16), compared with baseline@int8/@int4.",
+        "matrix (e.g. tr:paper, tr:auto+lookup0). Any of them @int8, @int4, @int8+bf16 or @int4+bf16 (see --weights): "
+        "on a quantized copy of the model (bfloat16), compared with baseline on the same weights.",
     ),
 ]
 Limit = Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N prompts (after --categories).")]

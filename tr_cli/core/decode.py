@@ -41,6 +41,17 @@ from .verify import Acceptance, TopCandidates, greedy_accept
 PREFILL_CHUNK = 512
 
 
+def prefill_chunks(length: int, most: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
+    """[start, stop) spans of at most `most` tokens, as even as possible: a long prompt never
+    leaves a short last chunk, so every chunk of it is a many-row call (models/weights.py's
+    `+bf16` modes run those on the bfloat16 weights, as `generate`'s one-call prefill does)."""
+    count = -(-length // most)
+    if count == 0:
+        return []
+    bounds = [length * i // count for i in range(count + 1)]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
 @dataclass(frozen=True)
 class _Step:
     """One verified step, before stop conditions cut what it emits."""
@@ -225,8 +236,8 @@ class TokenRecyclingDecoder:
         update = 0.0
         learners = [drafter for drafter in self.drafters if drafter.learns_from_prefill]
         last_logits = None
-        for start in range(0, len(ids), PREFILL_CHUNK):
-            chunk = torch.tensor(ids[start : start + PREFILL_CHUNK], dtype=torch.long, device=self.device)
+        for start, stop in prefill_chunks(len(ids)):
+            chunk = torch.tensor(ids[start:stop], dtype=torch.long, device=self.device)
             logits = self._forward_causal(chunk)
             last_logits = logits[-1]
             if learners:

@@ -13,6 +13,13 @@ differently). Activations stay bfloat16 (the kernels' fast path: float32 ones ar
   output head stays int8: its error lands on every logit. On SmolLM2 an int4 head raised the
   perplexity of our 30 prompts from 18.32 (dense) to 19.46; with the int8 head int4 gives 18.36
   (benchmarks/weights_quality.py). GGUF's Q4 mixes keep that tensor at Q8_0 too.
+- int8+bf16 / int4+bf16: the same, plus the bfloat16 weights for prompts. The weight-only kernels
+  cost ~linearly in rows past a few (int4: ~1.4 ms per row on SmolLM2 here), while bf16's GEMM
+  amortizes its weights over the rows: a 256-token prompt chunk takes ~240 ms dense against ~540 ms
+  int4. So calls of more than PROMPT_ROWS rows (prompt chunks; no designed step verifies that many)
+  take the bfloat16 weights; every other call the quantized ones. `generate` on the same model
+  follows the same rule, so the outputs still compare. The price is memory: the bf16 weights stay
+  (in `tr bench` they are the dense model's own, shared).
 """
 
 from __future__ import annotations
@@ -21,11 +28,16 @@ import copy
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..core.design.tree_design import MAX_NODES
 from ..errors import UserError
 
-WEIGHTS = ("dense", "int8", "int4")
+PROMPT_SUFFIX = "+bf16"
+WEIGHTS = ("dense", "int8", "int4", "int8" + PROMPT_SUFFIX, "int4" + PROMPT_SUFFIX)
+# Calls of more rows than a designed step verifies (its tree plus the root) are prompt chunks.
+PROMPT_ROWS = MAX_NODES + 1
 QUANTIZED_DTYPE = torch.bfloat16
 INT4_GROUP = 32
 _INT4_ROWS = 16  # the CPU int4 packing takes output sizes divisible by 16
@@ -44,6 +56,7 @@ class _QuantizedLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(QUANTIZED_DTYPE), requires_grad=False)
+        self.register_buffer("prompt_weight", None)  # (out, in) bfloat16 in a `+bf16` mode
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -55,6 +68,8 @@ class _QuantizedLinear(nn.Module):
             flat = flat.to(QUANTIZED_DTYPE)
         if not flat.is_contiguous():
             flat = flat.contiguous()
+        if self.prompt_weight is not None and flat.shape[0] > PROMPT_ROWS:  # as the dense layer computes it
+            return F.linear(flat, self.prompt_weight, self.bias).view(*shape[:-1], self.out_features)
         y = self._matmul(flat).view(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -65,6 +80,8 @@ class _QuantizedLinear(nn.Module):
     def rows(self, start: int, stop: int) -> _QuantizedLinear:
         part = self._share(start, stop)
         part.bias = None if self.bias is None else nn.Parameter(self.bias[start:stop], requires_grad=False)
+        if self.prompt_weight is not None:
+            part.prompt_weight = self.prompt_weight[start:stop]
         return part
 
     def extra_repr(self) -> str:
@@ -174,12 +191,14 @@ def check_weights(mode: str, device: torch.device, dtype: torch.dtype | None) ->
 
 def quantize(model: nn.Module, mode: str) -> Quantized:
     """Replace the model's matmul layers with `mode` ones (the output head: int8), in place, and
-    move the rest of the model to bfloat16."""
+    move the rest of the model to bfloat16. A `+bf16` mode keeps each layer's bfloat16 weight for
+    prompt chunks (the tensor itself, not a copy, where the layer is not fused)."""
     if mode == "dense":
         return Quantized(mode, 0, 0)
-    kind = _KINDS[mode]
+    kind = _KINDS[mode.removesuffix(PROMPT_SUFFIX)]
+    keep = mode.endswith(PROMPT_SUFFIX)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    layers = _fuse_siblings(model, kind)
+    layers = _fuse_siblings(model, kind, keep)
     targets = [(name, module) for name, module in model.named_modules() if _dense_weight(module) is not None and name]
     kept = 0
     for name, module in targets:
@@ -190,13 +209,20 @@ def quantize(model: nn.Module, mode: str) -> Quantized:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, layer_kind(weight, getattr(module, "bias", None)))
+        setattr(parent, child, _layer(layer_kind, weight, getattr(module, "bias", None), keep))
         layers += 1
     model.to(QUANTIZED_DTYPE)
     return Quantized(mode, layers, kept)
 
 
-def _fuse_siblings(model: nn.Module, kind: type[_QuantizedLinear]) -> int:
+def _layer(kind: type[_QuantizedLinear], weight: torch.Tensor, bias: torch.Tensor | None, keep: bool):
+    layer = kind(weight, bias)
+    if keep:
+        layer.prompt_weight = weight.detach().to(QUANTIZED_DTYPE)
+    return layer
+
+
+def _fuse_siblings(model: nn.Module, kind: type[_QuantizedLinear], keep: bool) -> int:
     """Quantize each FUSED_GROUPS group as one layer over the concatenated weights (per-row scales
     and groups make that the same numbers), kept as `parent.<fused name>`; each sibling becomes a
     row view of it. A group whose views would not hold exactly what the sibling quantized alone
@@ -215,11 +241,11 @@ def _fuse_siblings(model: nn.Module, kind: type[_QuantizedLinear]) -> int:
             if any(b is None for b in biases) and any(b is not None for b in biases):
                 continue
             bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-            fused = kind(torch.cat([w.detach() for w in weights]), bias)
+            fused = _layer(kind, torch.cat([w.detach() for w in weights]), bias, keep)
             bounds = torch.tensor([0, *[w.shape[0] for w in weights]]).cumsum(0).tolist()
             views = [fused.rows(start, stop) for start, stop in zip(bounds, bounds[1:], strict=False)]
             if not kind.rows_exact:  # compare with each sibling quantized alone; keep those if they differ
-                alone = [kind(w, b) for w, b in zip(weights, biases, strict=True)]
+                alone = [_layer(kind, w, b, keep) for w, b in zip(weights, biases, strict=True)]
                 if not all(_same_tensors(view, own) for view, own in zip(views, alone, strict=True)):
                     views, fused = alone, None
             if fused is not None:
@@ -247,7 +273,10 @@ def quantized_copy(model: nn.Module, mode: str) -> nn.Module:
 
 
 def weights_mode(model: nn.Module) -> str:
-    """'int4' or 'int8' when the model's layers are quantized (an int4 model's head is int8), else
-    'dense'."""
-    modes = {module.mode for module in model.modules() if isinstance(module, _QuantizedLinear)}
-    return "int4" if "int4" in modes else "int8" if modes else "dense"
+    """The `--weights` mode a model's layers were quantized with (an int4 model's head is int8)."""
+    layers = [module for module in model.modules() if isinstance(module, _QuantizedLinear)]
+    modes = {layer.mode for layer in layers}
+    if not modes:
+        return "dense"
+    mode = "int4" if "int4" in modes else "int8"
+    return mode + PROMPT_SUFFIX if any(layer.prompt_weight is not None for layer in layers) else mode

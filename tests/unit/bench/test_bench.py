@@ -131,9 +131,10 @@ def test_weight_variants_compare_with_generate_on_the_same_weights():
     speedup stays over the dense baseline (what the quantization gains)."""
     from tr_cli.bench.methods import counterpart, parse_methods, split_weights
 
-    names = ["baseline", "ar", "baseline@int8", "ar@int8", "tr@int8", "tr:paper@int4"]
+    names = ["baseline", "ar", "baseline@int8", "ar@int8", "tr@int8", "tr:paper@int4", "tr@int4+bf16"]
     assert parse_methods(names) == names
     assert split_weights("tr:paper@int4") == ("tr:paper", "int4") and split_weights("tr") == ("tr", None)
+    assert split_weights("tr:auto+lookup0@int4+bf16") == ("tr:auto+lookup0", "int4+bf16")
     assert counterpart("tr@int8", "baseline") == "baseline@int8" and counterpart("tr", "ar") == "ar"
     for bad, message in ((["tr@int3"], "unknown weights @int3"), (["bogus@int8"], "unknown method bogus@int8")):
         with pytest.raises(UserError, match=message):

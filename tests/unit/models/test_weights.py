@@ -7,12 +7,14 @@ import torch
 from torch import nn
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
+from tr_cli.core.decode import prefill_chunks
 from tr_cli.core.matrix import output_vocab_size
 from tr_cli.core.tree import PRESETS
 from tr_cli.engine.calibration import calibration_key, model_shape
 from tr_cli.errors import UserError
 from tr_cli.models.weights import (
     INT4_GROUP,
+    PROMPT_ROWS,
     Int4Linear,
     Int8Linear,
     check_weights,
@@ -160,15 +162,49 @@ def test_quantized_copy_refuses_a_float32_model():
         quantized_copy(tiny_model("llama"), "int8")
 
 
+@pytest.mark.parametrize("mode", ["int8+bf16", "int4+bf16"])
+def test_bf16_modes_run_prompt_chunks_on_the_bf16_weights_and_steps_on_the_quantized_ones(mode):
+    """Up to PROMPT_ROWS rows a `+bf16` layer computes what the plain quantized layer computes;
+    past them, x Wᵀ + b with the model's own bfloat16 weight."""
+    torch.manual_seed(0)
+    dense = nn.Sequential(nn.Linear(64, 32)).bfloat16()
+    plain, fast = copy.deepcopy(dense), copy.deepcopy(dense)
+    quantize(plain, mode.removesuffix("+bf16"))
+    quantize(fast, mode)
+    assert plain[0].prompt_weight is None
+    assert torch.equal(fast[0].prompt_weight, dense[0].weight)
+    for rows in (1, 7, PROMPT_ROWS):
+        x = torch.randn(rows, 64).bfloat16()
+        assert torch.equal(fast(x), plain(x))
+    x = torch.randn(PROMPT_ROWS + 1, 64).bfloat16()
+    assert torch.equal(fast(x), torch.nn.functional.linear(x, dense[0].weight, dense[0].bias))
+    assert not torch.equal(fast(x), plain(x))
+    assert weights_mode(fast) == mode and weights_mode(plain) == mode.removesuffix("+bf16")
+
+
+def test_bf16_prompt_weights_are_shared_with_the_dense_model_and_viewed_by_fused_siblings():
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    twin = quantized_copy(model, "int4+bf16")
+    dense_mlp, mlp = model.model.layers[0].mlp, twin.model.layers[0].mlp
+    assert mlp.down_proj.prompt_weight.data_ptr() == dense_mlp.down_proj.weight.data_ptr()  # no copy
+    fused = mlp.fused_gate_up.prompt_weight
+    assert mlp.up_proj.prompt_weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
+    assert torch.equal(fused, torch.cat([dense_mlp.gate_proj.weight, dense_mlp.up_proj.weight]))
+    x = torch.randn(PROMPT_ROWS + 3, model.config.hidden_size).bfloat16()
+    assert torch.equal(mlp.fused_gate_up(x), torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1))
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("mode", ["int8", "int4", "int4+bf16"])
 def test_one_token_decoding_equals_generate_on_the_quantized_model(arch, mode):
     """tr's own forward (no drafts) through the quantized layers, its cache and masks, gives
-    `generate`'s tokens on the same quantized model."""
+    `generate`'s tokens on the same quantized model (a prompt past PROMPT_ROWS runs on the
+    bfloat16 weights in both)."""
     model = tiny_model(arch, dtype=torch.bfloat16)
     quantize(model, mode)
     decoder = TokenRecyclingDecoder(model, tree=PRESETS["none"])
-    for seed, (length, budget) in enumerate([(5, 1), (9, 7), (20, 40)]):
+    cases = [(5, 1), (9, 7), (20, 40), (PROMPT_ROWS + 20, 12)]
+    for seed, (length, budget) in enumerate(cases):
         ids = random_prompt(length, seed)
         decoder.reset()
         assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
@@ -178,6 +214,7 @@ def test_check_weights_refuses_what_cannot_run():
     check_weights("dense", torch.device("cuda"), torch.float16)  # dense runs anywhere
     check_weights("int8", CPU, None)
     check_weights("int4", CPU, torch.bfloat16)
+    check_weights("int4+bf16", CPU, None)
     with pytest.raises(UserError, match="--weights int3: unknown; use dense, int8, int4"):
         check_weights("int3", CPU, None)
     with pytest.raises(UserError, match="CPU kernels; use --device cpu"):
@@ -191,5 +228,18 @@ def test_calibration_key_tells_weights_apart_and_keeps_dense_keys():
     assert "weights" not in model_shape(dense)  # dense models keep the keys cached before --weights
     int8 = quantized_copy(dense, "int8")
     int4 = quantized_copy(dense, "int4")
-    keys = {calibration_key(m, CPU, torch.bfloat16, 8) for m in (dense, int8, int4)}
-    assert len(keys) == 3
+    fast = quantized_copy(dense, "int4+bf16")
+    keys = {calibration_key(m, CPU, torch.bfloat16, 8) for m in (dense, int8, int4, fast)}
+    assert len(keys) == 4
+
+
+def test_a_long_prompt_is_prefilled_in_even_chunks_each_past_prompt_rows():
+    """So a `+bf16` model prefills every chunk of a long prompt on the bfloat16 weights, as
+    `generate`'s one call does; and the chunks cover the prompt exactly."""
+    assert prefill_chunks(0) == [] and prefill_chunks(7) == [(0, 7)] and prefill_chunks(512) == [(0, 512)]
+    for length in (513, 530, 1100, 4097):
+        spans = prefill_chunks(length)
+        assert spans[0][0] == 0 and spans[-1][1] == length
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        sizes = [stop - start for start, stop in spans]
+        assert max(sizes) <= 512 and max(sizes) - min(sizes) <= 1 and min(sizes) > PROMPT_ROWS
