@@ -9,11 +9,9 @@ differently). Activations stay bfloat16 (the kernels' fast path: float32 ones ar
 
 - int8: one symmetric scale per output row (`aten._weight_int8pack_mm`).
 - int4: groups of 32 inputs with a scale and a minimum each, as GGUF's Q4_1 blocks
-  (`aten._weight_int4pack_mm_for_cpu`); layers whose shape the kernel cannot take stay dense.
-- The output head, in both modes: int8 weights, its activations quantized to int8 per token
-  (Int8x8Linear), whose cost stays nearly flat in tokens. Its error lands on every logit, so it is
-  not int4: on SmolLM2 an int4 head raised the perplexity of our 30 prompts from 18.32 (dense) to
-  19.46, an int8 weight-only head gives 18.36 with int4 layers, and this one 18.44
+  (`aten._weight_int4pack_mm_for_cpu`); layers whose shape the kernel cannot take stay dense. The
+  output head stays int8: its error lands on every logit. On SmolLM2 an int4 head raised the
+  perplexity of our 30 prompts from 18.32 (dense) to 19.46; with the int8 head int4 gives 18.36
   (benchmarks/weights_quality.py). GGUF's Q4 mixes keep that tensor at Q8_0 too.
 - int8+bf16 / int4+bf16: the same, plus the bfloat16 weights for prompts. The weight-only kernels
   cost ~linearly in rows past a few (int4: ~1.4 ms per row on SmolLM2 here), while bf16's GEMM
@@ -106,25 +104,11 @@ class Int8Linear(_QuantizedLinear):
         return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales)
 
     def _share(self, start: int, stop: int) -> Int8Linear:
-        part = type(self).__new__(type(self))
+        part = Int8Linear.__new__(Int8Linear)
         _QuantizedLinear.__init__(part, self.in_features, stop - start, None)
         part.register_buffer("weight_int8", self.weight_int8[start:stop])  # whole rows: a contiguous view
         part.register_buffer("scales", self.scales[start:stop])
         return part
-
-
-class Int8x8Linear(Int8Linear):
-    """The output head: its int8 weights times int8 activations (one scale per token), summed
-    exactly in int32 by `torch._int_mm`. On a wide head that kernel's cost stays nearly flat in
-    tokens (SmolLM2's 49152 rows: 1.2 ms for 1 token, 2.4 for 6, 3.3 for 12) where the weight-only
-    kernel's grows (1.8, 4.7, 8.2 ms), so verifying a tree pays little for the head. A row's
-    logits depend on that row alone (integer sums are exact), whatever else the call holds."""
-
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        wide = x.float()
-        scale = wide.abs().amax(dim=-1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
-        sums = torch._int_mm((wide / scale).round_().to(torch.int8), self.weight_int8.t())
-        return (sums.float() * scale * self.scales.float()).to(QUANTIZED_DTYPE)
 
 
 class Int4Linear(_QuantizedLinear):
@@ -219,7 +203,7 @@ def quantize(model: nn.Module, mode: str) -> Quantized:
     kept = 0
     for name, module in targets:
         weight = _dense_weight(module)
-        layer_kind = Int8x8Linear if module is head else kind
+        layer_kind = Int8Linear if module is head else kind
         if layer_kind is Int4Linear and not Int4Linear.fits(*weight.shape):
             kept += 1
             continue
