@@ -5,7 +5,7 @@ import torch
 
 from tr_cli.core.attention import AttentionLayout, causal_visibility
 from tr_cli.core.decode import TokenRecyclingDecoder
-from tr_cli.core.forward import LlamaFamilyForward, ModelForward, make_forward
+from tr_cli.core.forward import LlamaFamilyForward, ModelForward, grouped_sdpa, make_forward, shares_kv_heads
 from tr_cli.core.kv_cache import CompactingCache
 from tr_cli.models.weights import quantize
 
@@ -83,3 +83,27 @@ def test_a_model_split_over_devices_takes_its_own_forward():
     assert not LlamaFamilyForward.supports(model)
     model.hf_device_map = {"": 0}
     assert LlamaFamilyForward.supports(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_attention_is_transformers_sdpa_attention_bit_for_bit(dtype):
+    """Key/value heads read through stride-0 views instead of `repeat_kv` copies: the same numbers,
+    over a slice of a larger cache buffer as our cache hands out, for tree-step and prefill sizes."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    class Attention:
+        num_key_value_groups, is_causal = 3, True
+
+    torch.manual_seed(0)
+    buffer = torch.randn(2, 1, 3, 600, 64, dtype=dtype)  # (keys/values, batch, heads, capacity, dim)
+    for count, length in ((2, 40), (3, 300), (7, 301), (129, 500)):
+        query = torch.randn(1, count, 9, 64, dtype=dtype).transpose(1, 2)
+        key, value = buffer[0, :, :, :length], buffer[1, :, :, :length]
+        mask = torch.zeros(1, 1, count, length, dtype=dtype)
+        mask[..., -count:] = torch.full((count, count), float("-inf")).triu(1)
+        mask[..., 5] = float("-inf")  # a hidden sibling, say
+        assert shares_kv_heads(query, key, mask)
+        expected, _ = sdpa_attention_forward(Attention(), query, key, value, mask, scaling=0.125)
+        assert torch.equal(grouped_sdpa(query, key, value, mask, 0.125), expected)
+    assert not shares_kv_heads(query, torch.randn(1, 9, 10, 64), mask)  # one key head per query head
+    assert not shares_kv_heads(query, key, {"full_attention": mask})
