@@ -33,6 +33,7 @@ from .matrix import DEFAULT_K, new_matrix, output_vocab_size
 from .recycled_store import RecycledStore
 from .sampling import Sampler
 from .sampling_config import SamplingConfig
+from .step_scope import decoding_step
 from .stopping import StopCondition
 from .tree import PRESETS, TreeSpec
 from .tree_buffers import TreeBuffers
@@ -43,8 +44,8 @@ PREFILL_CHUNK = 512
 
 def prefill_chunks(length: int, most: int = PREFILL_CHUNK) -> list[tuple[int, int]]:
     """[start, stop) spans of at most `most` tokens, as even as possible: a long prompt never
-    leaves a short last chunk, so every chunk of it is a many-row call (models/weights.py's
-    `+bf16` modes run those on the bfloat16 weights, as `generate`'s one-call prefill does)."""
+    leaves a one-token last chunk, which models/weights.py's `+bf16` modes would run on the
+    quantized weights while `generate`'s one-call prefill runs the whole prompt on bfloat16."""
     count = -(-length // most)
     if count == 0:
         return []
@@ -273,7 +274,8 @@ class TokenRecyclingDecoder:
         positions = buffers.depths + self.cache.length
         mask = self._mask(positions, buffers.ancestor_mask)
         t1 = time.perf_counter()
-        logits = self._forward(tokens, positions, mask)
+        with decoding_step():
+            logits = self._forward(tokens, positions, mask)
         t2 = time.perf_counter()
         top = TopCandidates.of(logits, self.k)  # one top-k serves acceptance and the matrix update
         if self.sampler:  # the exact sampling walk (sampling.py); the conversation is its context
@@ -304,7 +306,8 @@ class TokenRecyclingDecoder:
             self._forward_causal(ids[:context])
 
             def run_step(n: int) -> None:
-                logits = self._forward_causal(ids[context : context + n])
+                with decoding_step():
+                    logits = self._forward_causal(ids[context : context + n])
                 top = TopCandidates.of(logits, self.k)
                 top.argmax(logits).cpu()  # waits for the device
                 self.cache.crop(context)

@@ -15,10 +15,12 @@ differently). Activations stay bfloat16 (the kernels' fast path: float32 ones ar
   (benchmarks/weights_quality.py). GGUF's Q4 mixes keep that tensor at Q8_0 too.
 - int8+bf16 / int4+bf16: the same, plus the bfloat16 weights for prompts. The weight-only kernels
   cost ~linearly in rows past a few (int4: ~1.4 ms per row on SmolLM2 here), while bf16's GEMM
-  amortizes its weights over the rows: a 256-token prompt chunk takes ~240 ms dense against ~540 ms
-  int4. So calls of more than PROMPT_ROWS rows (prompt chunks; no designed step verifies that many)
-  take the bfloat16 weights; every other call the quantized ones. `generate` on the same model
-  follows the same rule, so the outputs still compare. The price is memory: the bf16 weights stay
+  amortizes its weights over the rows: a 256-token prompt takes ~240 ms dense against ~540 ms int4.
+  So a call over several rows takes the bfloat16 weights (`generate`'s prefill, tr's prefill
+  chunks), one row the quantized ones (a decoding step of `generate`), and so do the rows of tr's
+  decoding steps (core/step_scope.py), each of which stands for one token `generate` computes
+  alone. The kernels compute each row independently of the others in the call, so tr's output
+  still compares with `generate` on the same model. The price is memory: the bf16 weights stay
   (in `tr bench` they are the dense model's own, shared).
 """
 
@@ -31,13 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.design.tree_design import MAX_NODES
+from ..core.step_scope import in_decoding_step
 from ..errors import UserError
 
 PROMPT_SUFFIX = "+bf16"
 WEIGHTS = ("dense", "int8", "int4", "int8" + PROMPT_SUFFIX, "int4" + PROMPT_SUFFIX)
-# Calls of more rows than a designed step verifies (its tree plus the root) are prompt chunks.
-PROMPT_ROWS = MAX_NODES + 1
 QUANTIZED_DTYPE = torch.bfloat16
 INT4_GROUP = 32
 _INT4_ROWS = 16  # the CPU int4 packing takes output sizes divisible by 16
@@ -68,7 +68,7 @@ class _QuantizedLinear(nn.Module):
             flat = flat.to(QUANTIZED_DTYPE)
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        if self.prompt_weight is not None and flat.shape[0] > PROMPT_ROWS:  # as the dense layer computes it
+        if self.prompt_weight is not None and flat.shape[0] > 1 and not in_decoding_step():  # a prompt: as dense
             return F.linear(flat, self.prompt_weight, self.bias).view(*shape[:-1], self.out_features)
         y = self._matmul(flat).view(*shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias

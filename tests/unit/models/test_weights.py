@@ -9,12 +9,12 @@ from torch import nn
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
 from tr_cli.core.decode import prefill_chunks
 from tr_cli.core.matrix import output_vocab_size
+from tr_cli.core.step_scope import decoding_step, in_decoding_step
 from tr_cli.core.tree import PRESETS
 from tr_cli.engine.calibration import calibration_key, model_shape
 from tr_cli.errors import UserError
 from tr_cli.models.weights import (
     INT4_GROUP,
-    PROMPT_ROWS,
     Int4Linear,
     Int8Linear,
     check_weights,
@@ -163,9 +163,10 @@ def test_quantized_copy_refuses_a_float32_model():
 
 
 @pytest.mark.parametrize("mode", ["int8+bf16", "int4+bf16"])
-def test_bf16_modes_run_prompt_chunks_on_the_bf16_weights_and_steps_on_the_quantized_ones(mode):
-    """Up to PROMPT_ROWS rows a `+bf16` layer computes what the plain quantized layer computes;
-    past them, x Wᵀ + b with the model's own bfloat16 weight."""
+def test_bf16_modes_run_prompts_on_the_bf16_weights_and_tokens_on_the_quantized_ones(mode):
+    """One row: what the plain quantized layer computes. Several rows: x Wᵀ + b with the model's
+    own bfloat16 weight (a prompt), unless they are a decoding step's, each row then what it
+    gives alone on the quantized weights."""
     torch.manual_seed(0)
     dense = nn.Sequential(nn.Linear(64, 32)).bfloat16()
     plain, fast = copy.deepcopy(dense), copy.deepcopy(dense)
@@ -173,12 +174,16 @@ def test_bf16_modes_run_prompt_chunks_on_the_bf16_weights_and_steps_on_the_quant
     quantize(fast, mode)
     assert plain[0].prompt_weight is None
     assert torch.equal(fast[0].prompt_weight, dense[0].weight)
-    for rows in (1, 7, PROMPT_ROWS):
-        x = torch.randn(rows, 64).bfloat16()
-        assert torch.equal(fast(x), plain(x))
-    x = torch.randn(PROMPT_ROWS + 1, 64).bfloat16()
+    x = torch.randn(7, 64).bfloat16()
+    assert torch.equal(fast(x[:1]), plain(x[:1]))
     assert torch.equal(fast(x), torch.nn.functional.linear(x, dense[0].weight, dense[0].bias))
     assert not torch.equal(fast(x), plain(x))
+    with decoding_step():
+        step = fast(x)
+        assert in_decoding_step()
+    assert not in_decoding_step()
+    assert torch.equal(step, plain(x))
+    assert torch.equal(step, torch.cat([fast(row[None]) for row in x]))
     assert weights_mode(fast) == mode and weights_mode(plain) == mode.removesuffix("+bf16")
 
 
@@ -190,21 +195,38 @@ def test_bf16_prompt_weights_are_shared_with_the_dense_model_and_viewed_by_fused
     fused = mlp.fused_gate_up.prompt_weight
     assert mlp.up_proj.prompt_weight.untyped_storage().data_ptr() == fused.untyped_storage().data_ptr()
     assert torch.equal(fused, torch.cat([dense_mlp.gate_proj.weight, dense_mlp.up_proj.weight]))
-    x = torch.randn(PROMPT_ROWS + 3, model.config.hidden_size).bfloat16()
+    x = torch.randn(5, model.config.hidden_size).bfloat16()
     assert torch.equal(mlp.fused_gate_up(x), torch.cat([mlp.gate_proj(x), mlp.up_proj(x)], dim=-1))
+
+
+def test_the_decoder_runs_prompts_as_prompts_and_its_steps_as_decoding_steps():
+    """What a `+bf16` model needs from the decoder: its prefill outside decoding_step, every
+    drafted step (and the t(N) calibration's) inside."""
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    quantize(model, "int4+bf16")
+    calls: list[tuple[int, bool]] = []
+    layer = model.model.layers[0].mlp.down_proj
+    handle = layer.register_forward_pre_hook(lambda _, args: calls.append((args[0].shape[1], in_decoding_step())))
+    decoder = TokenRecyclingDecoder(model, tree=PRESETS["paper"])
+    decoder.generate(random_prompt(30, 0), StopCondition.build(12, [EOS]))
+    assert calls[0] == (30, False)  # the prompt
+    assert len(calls) > 1 and all(in_step and rows > 1 for rows, in_step in calls[1:])  # 80-node tree steps
+    calls.clear()
+    decoder.measure_cost(sizes=(1, 4), context=16, repeats=1)
+    assert calls[0] == (16, False) and {in_step for _, in_step in calls[1:]} == {True}
+    handle.remove()
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("mode", ["int8", "int4", "int4+bf16"])
 def test_one_token_decoding_equals_generate_on_the_quantized_model(arch, mode):
     """tr's own forward (no drafts) through the quantized layers, its cache and masks, gives
-    `generate`'s tokens on the same quantized model (a prompt past PROMPT_ROWS runs on the
+    `generate`'s tokens on the same quantized model (with `+bf16`, the prompt runs on the
     bfloat16 weights in both)."""
     model = tiny_model(arch, dtype=torch.bfloat16)
     quantize(model, mode)
     decoder = TokenRecyclingDecoder(model, tree=PRESETS["none"])
-    cases = [(5, 1), (9, 7), (20, 40), (PROMPT_ROWS + 20, 12)]
-    for seed, (length, budget) in enumerate(cases):
+    for seed, (length, budget) in enumerate([(5, 1), (9, 7), (20, 40), (150, 12)]):
         ids = random_prompt(length, seed)
         decoder.reset()
         assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
@@ -233,13 +255,13 @@ def test_calibration_key_tells_weights_apart_and_keeps_dense_keys():
     assert len(keys) == 4
 
 
-def test_a_long_prompt_is_prefilled_in_even_chunks_each_past_prompt_rows():
-    """So a `+bf16` model prefills every chunk of a long prompt on the bfloat16 weights, as
-    `generate`'s one call does; and the chunks cover the prompt exactly."""
+def test_a_long_prompt_is_prefilled_in_even_chunks():
+    """No one-token last chunk, so a `+bf16` model prefills every chunk of a long prompt on the
+    bfloat16 weights, as `generate`'s one call does; and the chunks cover the prompt exactly."""
     assert prefill_chunks(0) == [] and prefill_chunks(7) == [(0, 7)] and prefill_chunks(512) == [(0, 512)]
     for length in (513, 530, 1100, 4097):
         spans = prefill_chunks(length)
         assert spans[0][0] == 0 and spans[-1][1] == length
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
         sizes = [stop - start for start, stop in spans]
-        assert max(sizes) <= 512 and max(sizes) - min(sizes) <= 1 and min(sizes) > PROMPT_ROWS
+        assert max(sizes) <= 512 and max(sizes) - min(sizes) <= 1 and min(sizes) >= 256
