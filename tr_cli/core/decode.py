@@ -321,8 +321,11 @@ class TokenRecyclingDecoder:
     @torch.inference_mode()
     def _keep_path(self, root_at: int, nodes: list[int]) -> None:
         """Cache keeps the root and the accepted nodes before the new pending (last emitted) token."""
-        offsets = torch.tensor([0, *nodes], dtype=torch.long, device=self.device)
-        self.cache.keep(root_at, offsets)
+        kept = [0, *nodes]
+        if kept == list(range(len(kept))):  # already in place (often: no draft accepted, or the first chain)
+            self.cache.truncate(root_at + len(kept))
+        else:
+            self.cache.keep(root_at, torch.tensor(kept, dtype=torch.long, device=self.device))
 
     def steps(self, input_ids: list[int], stop: StopCondition) -> Iterator[StepEvent]:
         """Append `input_ids` to the conversation and generate; yields one event per forward pass."""

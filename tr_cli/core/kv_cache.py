@@ -62,10 +62,11 @@ class CompactingLayer(CacheLayerMixin):
         if not self.is_initialized:
             return
         count = offsets.shape[0]
-        idx = offsets.to(self.device) + start
-        # Advanced indexing copies the source rows first, so overlapping moves are safe.
-        self._keys[:, :, start : start + count] = self._keys[:, :, idx]
-        self._values[:, :, start : start + count] = self._values[:, :, idx]
+        if count:
+            idx = offsets.to(self.device) + start
+            # Advanced indexing copies the source rows first, so overlapping moves are safe.
+            self._keys[:, :, start : start + count] = self._keys[:, :, idx]
+            self._values[:, :, start : start + count] = self._values[:, :, idx]
         self.length = start + count
         self._expose()
 

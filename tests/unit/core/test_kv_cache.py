@@ -68,3 +68,15 @@ def test_keep_moves_rows_in_place():
     # New writes land right after the kept rows.
     cache.update(torch.full((1, 2, 1, 3), -1.0), torch.full((1, 2, 1, 3), -2.0), 0)
     assert layer.keys[0, 0, :, 0].tolist() == [0, 1, 2, 3, 4, 6, 9, -1]
+
+
+def test_truncate_keeps_the_first_rows_without_moving_them():
+    """What a step whose accepted rows already follow the prefix asks for (decode._keep_path)."""
+    cache = CompactingCache()
+    keys = torch.arange(10, dtype=torch.float32).view(1, 1, 10, 1).repeat(1, 2, 1, 3)
+    cache.update(keys, keys + 100, 0)
+    cache.truncate(6)
+    layer = cache.layers[0]
+    assert layer.get_seq_length() == 6 and layer.keys[0, 1, :, 0].tolist() == [0, 1, 2, 3, 4, 5]
+    cache.update(torch.full((1, 2, 1, 3), -1.0), torch.full((1, 2, 1, 3), -2.0), 0)
+    assert layer.values[0, 0, :, 0].tolist() == [100, 101, 102, 103, 104, 105, -2]
