@@ -57,6 +57,7 @@ class _QuantizedLinear(nn.Module):
         self.out_features = out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(QUANTIZED_DTYPE), requires_grad=False)
         self.register_buffer("prompt_weight", None)  # (out, in) bfloat16 in a `+bf16` mode
+        self.head = False  # the model's output head (`_prompt`)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -68,10 +69,24 @@ class _QuantizedLinear(nn.Module):
             flat = flat.to(QUANTIZED_DTYPE)
         if not flat.is_contiguous():
             flat = flat.contiguous()
-        if self.prompt_weight is not None and flat.shape[0] > 1 and not in_decoding_step():  # a prompt: as dense
-            return F.linear(flat, self.prompt_weight, self.bias).view(*shape[:-1], self.out_features)
-        y = self._matmul(flat).view(*shape[:-1], self.out_features)
+        if self.prompt_weight is not None and flat.shape[0] > 1 and not in_decoding_step():
+            y = self._prompt(flat)
+        else:
+            y = self._quantized(flat)
+        return y.view(*shape[:-1], self.out_features)
+
+    def _quantized(self, flat: torch.Tensor) -> torch.Tensor:
+        y = self._matmul(flat)
         return y if self.bias is None else y + self.bias
+
+    def _prompt(self, flat: torch.Tensor) -> torch.Tensor:
+        """A prompt's rows, as the dense layer computes them. The output head's last row stays
+        quantized: it gives the first new token, which `generate` computes from that row alone
+        (its prefill asks the head for the last position only); the other rows' logits only seed
+        the matrix."""
+        if not self.head:
+            return F.linear(flat, self.prompt_weight, self.bias)
+        return torch.cat([F.linear(flat[:-1], self.prompt_weight, self.bias), self._quantized(flat[-1:])])
 
     def _share(self, start: int, stop: int) -> _QuantizedLinear:
         """A layer computing output rows [start, stop) of this one on the same weight storage."""
@@ -209,7 +224,9 @@ def quantize(model: nn.Module, mode: str) -> Quantized:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, _layer(layer_kind, weight, getattr(module, "bias", None), keep))
+        layer = _layer(layer_kind, weight, getattr(module, "bias", None), keep)
+        layer.head = module is head
+        setattr(parent, child, layer)
         layers += 1
     model.to(QUANTIZED_DTYPE)
     return Quantized(mode, layers, kept)

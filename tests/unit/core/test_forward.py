@@ -57,12 +57,12 @@ def _run(forward, model, ids: list[int], tree: list[int]) -> tuple[list[torch.Te
     return outputs, cache
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "int8", "int4", "int4+bf16"])
 @pytest.mark.parametrize("arch", DIRECT)
 def test_direct_logits_and_cache_equal_the_models_own(arch, weights):
     dtype = torch.float32 if weights == "float32" else torch.bfloat16
     model = tiny_model(arch, dtype=dtype)
-    if weights in ("int8", "int4"):  # the direct path then runs the fused q/k/v and gate/up layers
+    if weights.startswith("int"):  # the direct path then runs the fused q/k/v and gate/up layers
         quantize(model, weights)
         assert hasattr(model.model.layers[0].mlp, "fused_gate_up")
     ids, tree = random_prompt(30, 1), random_prompt(7, 2)  # 30 > the sliding window of 12

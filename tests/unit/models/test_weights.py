@@ -187,6 +187,19 @@ def test_bf16_modes_run_prompts_on_the_bf16_weights_and_tokens_on_the_quantized_
     assert weights_mode(fast) == mode and weights_mode(plain) == mode.removesuffix("+bf16")
 
 
+def test_a_bf16_mode_head_gives_the_prompts_last_row_as_generate_computes_it():
+    """`generate` asks the head for a prompt's last position only: one row, so quantized. The
+    head computes that row so too; the other rows (they seed the matrix) on the bf16 weight."""
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    plain, fast = quantized_copy(model, "int4"), quantized_copy(model, "int4+bf16")
+    dense_head, head, quantized_head = model.lm_head, fast.lm_head, plain.lm_head
+    assert head.head and not fast.model.layers[0].mlp.down_proj.head
+    x = torch.randn(6, model.config.hidden_size).bfloat16()
+    out = head(x)
+    assert torch.equal(out[:-1], torch.nn.functional.linear(x[:-1], dense_head.weight))
+    assert torch.equal(out[-1:], quantized_head(x[-1:])) and torch.equal(out[-1:], head(x[-1:]))
+
+
 def test_bf16_prompt_weights_are_shared_with_the_dense_model_and_viewed_by_fused_siblings():
     model = tiny_model("llama", dtype=torch.bfloat16)
     twin = quantized_copy(model, "int4+bf16")
