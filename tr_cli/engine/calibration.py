@@ -21,7 +21,9 @@ from .cpu_load import OtherLoad
 # 2: the key is the model's shape (class, config without paths or identity, attention), no longer
 # its id and whole config, so a model moved or loaded from another directory is not measured again.
 # 3: and the forward path (core/forward.py): the direct Llama-family path costs less per step.
-CALIBRATION_VERSION = 3
+# 4: multi-token steps cost less (core/forward.grouped_sdpa), and `+bf16` weights time their steps
+# on the quantized path (core/step_scope.py).
+CALIBRATION_VERSION = 4
 # Other processes' CPU use during a measurement above which it is not cached. Measured here: one
 # competing torch process cut one-token decoding from 14.0 to 5.2 tok/s (benchmarks/contention_bench.py).
 BUSY_CORES = 0.5
