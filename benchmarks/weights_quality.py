@@ -1,7 +1,8 @@
-"""What `--weights int8|int4` costs in quality: perplexity and greedy agreement against dense.
+"""What `--weights` costs in quality: perplexity and greedy agreement against dense.
 
 For each weights mode (on the same bfloat16 model, quantized copies as `tr bench` makes them):
-- perplexity of the prompts' own text (natural text none of the models wrote);
+- perplexity of the prompts' own text (natural text none of the models wrote), in one forward: a
+  prompt, so the `+bf16` modes compute it on their bfloat16 weights;
 - greedy replies (transformers `generate` on that model) compared with the dense model's: how many
   are identical, and the mean share of tokens that match before the first difference.
 
@@ -19,7 +20,7 @@ import torch
 
 from tr_cli.bench.methods import HFGenerate
 from tr_cli.models import load_model
-from tr_cli.models.weights import quantized_copy
+from tr_cli.models.weights import WEIGHTS, quantized_copy
 from tr_cli.store.paths import cache_dir
 from tr_cli.text.conversation import ConversationEncoder
 
@@ -61,7 +62,7 @@ def main() -> None:
     texts = [tokenizer(r["turns"][0])["input_ids"] for r in records]
     encoder = ConversationEncoder(tokenizer)
     chats = [encoder.encode([{"role": "user", "content": r["turns"][0]}]).ids for r in records]
-    models = {"dense": loaded.model} | {w: quantized_copy(loaded.model, w) for w in ("int8", "int4")}
+    models = {"dense": loaded.model} | {w: quantized_copy(loaded.model, w) for w in WEIGHTS if w != "dense"}
     results: dict[str, dict] = {}
     dense_replies: list[list[int]] = []
     with torch.inference_mode():
@@ -77,7 +78,7 @@ def main() -> None:
             }
             r = results[name]
             print(
-                f"{name:>5}: perplexity {r['perplexity']:.2f} · replies identical to dense "
+                f"{name:>9}: perplexity {r['perplexity']:.2f} · replies identical to dense "
                 f"{r['identical_replies']}/{len(chats)} · tokens matching before the first difference "
                 f"{100 * r['mean_agreement']:.0f} %",
                 flush=True,

@@ -205,9 +205,10 @@ def check_weights(mode: str, device: torch.device, dtype: torch.dtype | None) ->
 
 
 def quantize(model: nn.Module, mode: str) -> Quantized:
-    """Replace the model's matmul layers with `mode` ones (the output head: int8), in place, and
-    move the rest of the model to bfloat16. A `+bf16` mode keeps each layer's bfloat16 weight for
-    prompt chunks (the tensor itself, not a copy, where the layer is not fused)."""
+    """Replace a bfloat16 model's matmul layers with `mode` ones (the output head: int8), in
+    place; the rest stays as loaded (float32 buffers such as the rotary frequencies included). A
+    `+bf16` mode keeps each layer's bfloat16 weight for prompts (the tensor itself, not a copy,
+    where the layer is not fused)."""
     if mode == "dense":
         return Quantized(mode, 0, 0)
     kind = _KINDS[mode.removesuffix(PROMPT_SUFFIX)]
@@ -228,7 +229,6 @@ def quantize(model: nn.Module, mode: str) -> Quantized:
         layer.head = module is head
         setattr(parent, child, layer)
         layers += 1
-    model.to(QUANTIZED_DTYPE)
     return Quantized(mode, layers, kept)
 
 

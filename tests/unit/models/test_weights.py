@@ -200,6 +200,20 @@ def test_a_bf16_mode_head_gives_the_prompts_last_row_as_generate_computes_it():
     assert torch.equal(out[-1:], quantized_head(x[-1:])) and torch.equal(out[-1:], head(x[-1:]))
 
 
+def test_a_bf16_mode_computes_a_prompt_as_the_dense_model_and_keeps_float32_buffers():
+    """Quantizing leaves the rest of the model as loaded: transformers keeps the rotary
+    frequencies in float32 in a bfloat16 model (casting them changed every attention score).
+    So a prompt's logits (but the last row's, see above) are the dense model's, bit for bit."""
+    model = tiny_model("llama", dtype=torch.bfloat16)
+    rotary = model.model.rotary_emb
+    rotary.inv_freq = rotary.inv_freq.float()  # as from_pretrained leaves it
+    twin = quantized_copy(model, "int4+bf16")
+    assert twin.model.rotary_emb.inv_freq.dtype == torch.float32
+    ids = torch.tensor([random_prompt(24, 3)])
+    with torch.inference_mode():
+        assert torch.equal(twin(ids).logits[0, :-1], model(ids).logits[0, :-1])
+
+
 def test_bf16_prompt_weights_are_shared_with_the_dense_model_and_viewed_by_fused_siblings():
     model = tiny_model("llama", dtype=torch.bfloat16)
     twin = quantized_copy(model, "int4+bf16")
