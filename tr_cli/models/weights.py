@@ -11,7 +11,7 @@ differently). Activations stay bfloat16 (the kernels' fast path: float32 ones ar
 - int4: groups of 32 inputs with a scale and a minimum each, as GGUF's Q4_1 blocks
   (`aten._weight_int4pack_mm_for_cpu`); layers whose shape the kernel cannot take stay dense. The
   output head stays int8: its error lands on every logit. On SmolLM2 an int4 head raised the
-  perplexity of our 30 prompts from 18.32 (dense) to 19.46; with the int8 head int4 gives 18.36
+  perplexity of our 30 prompts from 18.32 (dense) to 19.46; with the int8 head int4 gives 18.34
   (benchmarks/weights_quality.py). GGUF's Q4 mixes keep that tensor at Q8_0 too.
 - int8+bf16 / int4+bf16: the same, plus the bfloat16 weights for prompts. The weight-only kernels
   cost ~linearly in rows past a few (int4: ~1.4 ms per row on SmolLM2 here), while bf16's GEMM
