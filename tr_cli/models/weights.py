@@ -232,7 +232,10 @@ def quantize(model: nn.Module, mode: str) -> Quantized:
     return Quantized(mode, layers, kept)
 
 
-def _layer(kind: type[_QuantizedLinear], weight: torch.Tensor, bias: torch.Tensor | None, keep: bool):
+def _layer(
+    kind: type[_QuantizedLinear], weight: torch.Tensor, bias: torch.Tensor | None, keep: bool
+) -> _QuantizedLinear:
+    """A `kind` layer of `weight`; with `keep` (a `+bf16` mode) it keeps the weight for prompts."""
     layer = kind(weight, bias)
     if keep:
         layer.prompt_weight = weight.detach().to(QUANTIZED_DTYPE)
