@@ -162,9 +162,9 @@ def grouped_sdpa(
     Its `repeat_kv` copies every key/value head once per query head sharing it (3x the cache on
     SmolLM2, each layer, each step). Here each key/value head is a batch entry whose query heads
     read it through a stride-0 view, so SDPA computes every (head, row) with the same blocking and
-    sums as in transformers' layout (tests compare bit for bit, float32 and bfloat16): 60 -> 35 us
-    per layer for a 3-token step over 300 cached tokens. Returns (1, tokens, heads, head_dim), as
-    the model's attention function does."""
+    sums as in transformers' layout (tests compare bit for bit, float32 and bfloat16): ~140 -> ~90 us
+    per layer for a 3-token bfloat16 step over 300 cached tokens on SmolLM2's 9/3 heads. Returns
+    (1, tokens, heads, head_dim), as the model's attention function does."""
     _, heads, count, head_dim = query.shape
     kv_heads, length = key.shape[1], key.shape[2]
     groups = heads // kv_heads
