@@ -38,7 +38,8 @@ def test_init_inspect_list(home, tiny_llama_dir):
     assert (data.stamps > 0).sum() == data.rows_filled
 
     again = tr("matrix", "init", model)
-    assert again.exit_code == 1 and "already exists" in again.output and "--force" in again.output
+    assert again.exit_code == 1 and "a matrix already exists (" in again.output
+    assert "; pass --force to overwrite it" in again.output
 
     report = json.loads(tr("matrix", "inspect", model, "--json", "--token", "Hello").stdout)
     assert report["path"] == str(path.resolve())
@@ -65,6 +66,12 @@ def test_init_from_files_and_bad_corpus(home, tiny_llama_dir, tmp_path):
     bad.write_text('{"turns": ["ok"]}\n{oops\n')
     out = tr("matrix", "init", str(tiny_llama_dir), "--from", str(bad), "--force")
     assert out.exit_code == 1 and f"{bad}:2" in out.output
+    # The corpus names the file; the command line says how it was given.
+    out = tr("matrix", "init", str(tiny_llama_dir), "--from", str(tmp_path / "gone.txt"))
+    assert out.exit_code == 1 and f"--from {tmp_path / 'gone.txt'}: no such file" in out.output
+    (tmp_path / "blank.txt").write_text("\n\n")
+    out = tr("matrix", "init", str(tiny_llama_dir), "--from", str(tmp_path / "blank.txt"))
+    assert out.exit_code == 1 and "--from: the files hold no text" in out.output
 
 
 def test_export_import_round_trip_and_refusals(home, tiny_llama_dir, tmp_path):
@@ -97,11 +104,15 @@ def test_export_import_round_trip_and_refusals(home, tiny_llama_dir, tmp_path):
     foreign.stamps[7] = 2**62
     write_matrix(tmp_path / "foreign.safetensors", foreign)
     out = tr("matrix", "import", model, str(tmp_path / "foreign.safetensors"))
-    assert out.exit_code == 1 and "another tokenizer" in out.output and "--force" in out.output
+    assert out.exit_code == 1 and "another tokenizer" in out.output and "; pass --force to import anyway" in out.output
     small = MatrixFile.empty(1000, 8, original.meta.fingerprint, "small")
     write_matrix(tmp_path / "small.safetensors", small)
     out = tr("matrix", "import", model, str(tmp_path / "small.safetensors"), "--force")
-    assert out.exit_code == 1 and "1,000×8" in out.output
+    assert out.exit_code == 1 and "1,000×8" in out.output and out.output.rstrip().endswith("not imported")
+    other_k = MatrixFile.empty(49152, 4, original.meta.fingerprint, "k4")
+    write_matrix(tmp_path / "k4.safetensors", other_k)
+    out = tr("matrix", "import", model, str(tmp_path / "k4.safetensors"))
+    assert out.exit_code == 1 and "49,152×4" in out.output and "; not imported; pass its k as --k" in out.output
     assert path.read_bytes() == before
 
     # --force merges a foreign-fingerprint matrix of the same shape; its newer row wins.
@@ -129,3 +140,6 @@ def test_inspect_file_and_missing_matrix(home, tiny_llama_dir, tmp_path):
     assert report["rows_filled"] == 0 and report["model"] == "y"
     out = tr("matrix", "inspect", str(f), "--token", "hi")
     assert out.exit_code == 1 and "--model" in out.output
+    out = tr("matrix", "inspect", str(f), "--token", "hi", "--model", str(tiny_llama_dir))
+    assert out.exit_code == 1 and "matrix belongs to another tokenizer (fingerprint x, model y)" in out.output
+    assert "; pass the model it was built for as --model" in out.output

@@ -11,7 +11,13 @@ from tr_cli.cli import app
 from tr_cli.models import load_tokenizer
 from tr_cli.store.matrix_file import is_matrix_name
 from tr_cli.store.paths import cache_dir
-from tr_cli.store.recycled_file import StoreFile, StoreMeta, read_store, store_path, write_store
+from tr_cli.store.recycled_file import (
+    RecycledStoreFile,
+    RecycledStoreMeta,
+    read_recycled_store,
+    recycled_store_path,
+    write_recycled_store,
+)
 from tr_cli.text.corpus import read_corpus, token_lists
 
 runner = CliRunner()
@@ -38,7 +44,7 @@ def matrix_file(home):
 
 
 def documents(path) -> list[list[int]]:
-    return [doc.tokens.tolist() for doc in read_store(path).documents]
+    return [doc.tokens.tolist() for doc in read_recycled_store(path).documents]
 
 
 @pytest.fixture()
@@ -55,7 +61,7 @@ def test_init_feeds_the_store_and_inspect_reports_it(home, tiny_llama_dir, corpu
     out = tr("matrix", "init", model, "--from", str(corpus[0]), "--from", str(corpus[1]))
     assert out.exit_code == 0, out.output
     path = matrix_file(home)
-    store = store_path(path)
+    store = recycled_store_path(path)
     tokenizer, _, _ = load_tokenizer(model, cache=cache_dir())
     expected = token_lists(tokenizer, read_corpus(corpus))
     # One document per text block and prompt (in its chat template), in corpus order.
@@ -76,19 +82,19 @@ def test_init_feeds_the_store_and_inspect_reports_it(home, tiny_llama_dir, corpu
     # A store without its matrix is not silently replaced either.
     path.unlink()
     out = tr("matrix", "init", model, "--from", str(corpus[0]))
-    assert out.exit_code == 1 and "recycled store already exists" in out.output and "--force" in out.output
+    assert out.exit_code == 1 and "recycled store already exists; pass --force to overwrite it" in out.output
     assert tr("matrix", "init", model, "--from", str(corpus[0]), "--force").exit_code == 0
     assert len(documents(store)) == 2  # rebuilt from this corpus alone
 
     store.write_bytes(b"junk")
     report = json.loads(tr("matrix", "inspect", model, "--json").stdout)
-    assert "not a valid tr store file" in report["store"]["error"]
+    assert "not a valid tr recycled store file" in report["store"]["error"]
 
 
 def test_export_and_import_carry_the_store(home, tiny_llama_dir, corpus, tmp_path, monkeypatch):
     model = str(tiny_llama_dir)
     assert tr("matrix", "init", model, "--from", str(corpus[0])).exit_code == 0
-    store = store_path(matrix_file(home))
+    store = recycled_store_path(matrix_file(home))
     exported = tmp_path / "moved.safetensors"
     out = tr("matrix", "export", model, str(exported))
     assert out.exit_code == 0, out.output
@@ -103,14 +109,14 @@ def test_export_and_import_carry_the_store(home, tiny_llama_dir, corpus, tmp_pat
     monkeypatch.setenv("TR_HOME", str(other))
     out = tr("matrix", "import", model, str(exported))
     assert out.exit_code == 0, out.output
-    mine = store_path(matrix_file(other))
+    mine = recycled_store_path(matrix_file(other))
     assert documents(mine) == documents(store)
 
     # Merged by default: the local conversations stay, the imported ones already held are not doubled.
-    local = read_store(mine)
-    extra = read_store(mine).documents[0]
+    local = read_recycled_store(mine)
+    extra = read_recycled_store(mine).documents[0]
     newer = type(extra)(extra.tokens.flip(0), extra.stamp + 10**9)
-    write_store(mine, StoreFile(local.meta, [*local.documents, newer]))
+    write_recycled_store(mine, RecycledStoreFile(local.meta, [*local.documents, newer]))
     out = tr("matrix", "import", model, str(exported))
     assert out.exit_code == 0, out.output
     assert documents(mine) == [*documents(store), newer.tokens.tolist()]
@@ -123,10 +129,13 @@ def test_export_and_import_carry_the_store(home, tiny_llama_dir, corpus, tmp_pat
     before = {p.name: p.read_bytes() for p in mine.parent.iterdir() if p.is_file()}
     (tmp_path / "moved.store.safetensors").write_bytes(b"\x00" * 64)
     out = tr("matrix", "import", model, str(exported))
-    assert out.exit_code == 1 and "not a valid tr store file" in out.output and "nothing was imported" in out.output
-    write_store(tmp_path / "moved.store.safetensors", StoreFile(StoreMeta(49152, "0000000000000000", "x"), []))
+    assert out.exit_code == 1 and "not a valid tr recycled store file" in out.output
+    assert "nothing was imported" in out.output
+    write_recycled_store(
+        tmp_path / "moved.store.safetensors", RecycledStoreFile(RecycledStoreMeta(49152, "0000000000000000", "x"), [])
+    )
     out = tr("matrix", "import", model, str(exported))
-    assert out.exit_code == 1 and "another tokenizer" in out.output
+    assert out.exit_code == 1 and "another tokenizer" in out.output and "pass --force to import anyway" in out.output
     assert {p.name: p.read_bytes() for p in mine.parent.iterdir() if p.is_file()} == before
 
 
@@ -135,7 +144,7 @@ def test_generate_adds_its_conversation_to_the_store(home, tiny_llama_dir):
     args = ["generate", model, "-p", "Tell me about cats and dogs.", "-n", "6", "--dtype", "float32", "--device", "cpu"]
     out = tr(*args)
     assert out.exit_code == 0, out.output
-    store = store_path(matrix_file(home))
+    store = recycled_store_path(matrix_file(home))
     # Its tokenizer is SmolLM2's: the store started from the starter's conversations.
     started = len(documents(store)) - 1
     assert "store: 1 conversation" in out.output

@@ -11,8 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..store.matrix_file import is_matrix_name
-from ..store.paths import data_dir
+from ..store.matrix_file import matrix_file_paths
 
 Candidate = tuple[str, str]
 
@@ -107,13 +106,11 @@ def complete_model(incomplete: str, packaged: Iterable[str] = ("smollm2",)) -> l
 
 
 def stored_matrices(root: Path | None = None) -> list[str]:
-    """Paths of the stored matrix files (what `tr matrix inspect FILE` accepts), sorted."""
-    root = data_dir() / "matrices" if root is None else root
+    """Paths of the matrix files in the data dir (what `tr matrix inspect FILE` accepts), sorted."""
     try:
-        files = sorted(root.glob("*.safetensors"))
-    except OSError:
+        return [str(path) for path in matrix_file_paths(root)]
+    except OSError:  # a data dir that cannot be listed: nothing to offer
         return []
-    return [str(path) for path in files if path.is_file() and is_matrix_name(path)]
 
 
 def complete_matrix(incomplete: str) -> list[Candidate]:

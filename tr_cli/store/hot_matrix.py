@@ -1,4 +1,4 @@
-"""The matrix a command decodes with: loaded from the store at start, saved (merged) at exit.
+"""The matrix a command decodes with: loaded from its matrix file at start, saved (merged) at exit.
 
 Only rows this process changed are written back, merged under the lock onto whatever the file
 holds by then, so two `tr` processes sharing a matrix keep each other's work. The acceptance
@@ -13,7 +13,8 @@ own files at the default path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from ..errors import MatrixFileError, StoreError, StoreFileError, first_line
 from .acceptance_file import acceptance_path, load_acceptance, save_acceptance
 from .atomic import kept_aside, locked, move_aside
 from .matrix_file import (
-    OTHER_MODEL_ADVICE,
+    OTHER_MODEL,
     MatrixFile,
     MatrixMeta,
     check_compatible,
@@ -35,13 +36,22 @@ from .matrix_file import (
     write_matrix,
 )
 from .paths import seed_dir
-from .recycled_file import check_store_compatible, read_store, save_store, store_path
+from .recycled_file import (
+    check_recycled_store_compatible,
+    read_recycled_store,
+    recycled_store_path,
+    save_recycled_store,
+)
+from .remedies import FixableError, FixableMatrixFileError, FixableRecycledStoreError, Remedy
 from .timestamps import iso, now_us
 
-_YOURS = "move it away, pass another --matrix, or use --cold"
-# --cold does not read the file but saves into it at exit: what is there must be ours to merge into.
-_COLD = "--cold saves into it at exit; move it away, pass another --matrix, or add --no-save"
-_SEEDS = "the starter files shipped with tr are damaged; reinstall tr, or use --cold"
+# What fixes an unreadable file a run would read.
+UNREADABLE = (Remedy.MOVE_AWAY, Remedy.OTHER_MATRIX, Remedy.COLD)
+# A cold start does not read its files but saves into them at exit: what is there must be ours to
+# merge into.
+SAVE_TARGET = (Remedy.MOVE_AWAY, Remedy.OTHER_MATRIX, Remedy.NO_SAVE)
+STARTER = (Remedy.REINSTALL, Remedy.COLD)
+_STARTER_DAMAGED = "the starter files shipped with tr are damaged"
 
 
 @dataclass(frozen=True)
@@ -49,7 +59,7 @@ class Saved:
     """What one save wrote."""
 
     rows: int = 0  # matrix rows
-    documents: int = 0  # conversations added to the store
+    documents: int = 0  # conversations added to the recycled store
     tokens: int = 0  # their tokens
     kept_aside: tuple[Path, ...] = ()  # unreadable files met while saving, renamed rather than overwritten
 
@@ -58,14 +68,14 @@ class Saved:
 class HotMatrix:
     path: Path
     matrix: torch.Tensor  # the live matrix on the model's device, updated in place by the decoder
-    # "hot" (loaded from the store), "new" (no file yet), "cold" (--cold: started empty),
+    # "hot" (loaded from its matrix file), "new" (no file yet), "cold" (--cold: started empty),
     # "seeded" (no file yet: started from the starter matrix shipped with tr)
     state: str
     meta: MatrixMeta  # as loaded (or fresh)
     save_enabled: bool
     _saved: torch.Tensor  # CPU copy of the content last loaded or saved
     acceptance: AcceptanceStats  # acceptance by depth and slot, saved beside the file
-    store: RecycledStore  # earlier conversations, saved beside the file
+    store: RecycledStore  # the recycled store: earlier conversations, saved beside the file
     seed: Path | None = None  # the starter matrix this one started from ("seeded")
     warnings: list[str] = field(default_factory=list)  # for the user, once, before decoding
     _saved_acceptance: AcceptanceStats | None = None  # the statistics as loaded or last saved
@@ -84,9 +94,10 @@ class HotMatrix:
         save: bool = True,
         seeds: Path | None = None,
     ) -> HotMatrix:
-        """The stored matrix (and its store and statistics) at `path` or the model's default path;
-        at the default path with no file yet, the starter files in `seeds` (default: those
-        shipped with tr) when there are some; with `cold`, empty ones."""
+        """The stored matrix (and its recycled store and statistics) at `path` or the model's
+        default path; at the default path with no file yet, the starter files in `seeds` (default:
+        those shipped with tr) when there are some; with `cold`, empty ones. A file it cannot use
+        is a FixableError (remedies.py) left as it is."""
         fingerprint = tokenizer_fingerprint(tokenizer)
         explicit = path is not None
         path = Path(path) if explicit else default_path(fingerprint, vocab_size, k)
@@ -94,14 +105,16 @@ class HotMatrix:
         if cold and save:
             _check_save_target(path, fingerprint, vocab_size, k)
         if not cold and path.exists():
-            data, state = _open_matrix(path, fingerprint, vocab_size, k, _YOURS), "hot"
+            data, state = _open_matrix(path, fingerprint, vocab_size, k, UNREADABLE), "hot"
         elif not cold and not explicit:
             candidate = (seed_dir() if seeds is None else Path(seeds)) / path.name
             if candidate.is_file():
-                data, state, seed = _open_matrix(candidate, fingerprint, vocab_size, k, _SEEDS), "seeded", candidate
+                with _noted(_STARTER_DAMAGED):
+                    data = _open_matrix(candidate, fingerprint, vocab_size, k, STARTER, STARTER)
+                state, seed = "seeded", candidate
                 # The user's file names the user's model (the starter may come from another one).
                 data.meta = replace(data.meta, model_id=model_id)
-        loaded = None if cold else _open_store(path, seed, fingerprint, vocab_size)
+        loaded = None if cold else _open_recycled_store(path, seed, fingerprint, vocab_size)
         store = loaded if loaded is not None else RecycledStore(vocab_size)
         warnings: list[str] = []
         if cold:
@@ -149,7 +162,7 @@ class HotMatrix:
 
     def save(self) -> Saved:
         """Merge this session's changed rows into the matrix file, its new conversations into the
-        store file and its statistics beside them. Each part is tried whatever happened to the
+        recycled store and its statistics beside them. Each part is tried whatever happened to the
         others; a StoreError after all of them names those that failed."""
         if not self.save_enabled:
             return Saved()
@@ -167,14 +180,16 @@ class HotMatrix:
         except Exception as exc:  # noqa: BLE001 - one part failing must not cost the others
             failures.append(f"matrix to {self.path} ({first_line(exc)})")
         if self.store.added:
-            target = store_path(self.path)
-            fallback = store_path(self.seed) if self.seed else None
+            target = recycled_store_path(self.path)
+            fallback = recycled_store_path(self.seed) if self.seed else None
             pending = list(self.store.added)
             try:
-                save_store(target, self.store, self.meta.fingerprint, self.meta.model_id, fallback, self.waiting)
+                save_recycled_store(
+                    target, self.store, self.meta.fingerprint, self.meta.model_id, fallback, self.waiting
+                )
                 documents, tokens = len(pending), sum(doc.tokens.numel() for doc in pending)
             except Exception as exc:  # noqa: BLE001 - one part failing must not cost the others
-                failures.append(f"store to {target} ({first_line(exc)})")
+                failures.append(f"recycled store to {target} ({first_line(exc)})")
         if failures:
             raise StoreError(f"could not save the {'; the '.join(failures)}")
         return Saved(rows, documents, tokens, tuple(sorted(kept_aside(self.path) - aside)))
@@ -206,42 +221,71 @@ class HotMatrix:
         return count
 
 
+@contextlib.contextmanager
+def _noted(note: str) -> Iterator[None]:
+    """FixableErrors raised inside say `note` (why the file matters) after what is wrong."""
+    try:
+        yield
+    except FixableError as exc:
+        raise type(exc)(f"{exc.problem}; {note}", exc.remedies) from None
+
+
 def _open_matrix(
-    path: Path, fingerprint: str, vocab_size: int, k: int, advice: str, other_model: str = OTHER_MODEL_ADVICE
+    path: Path,
+    fingerprint: str,
+    vocab_size: int,
+    k: int,
+    unreadable: tuple[Remedy, ...],
+    other_model: tuple[Remedy, ...] = OTHER_MODEL,
 ) -> MatrixFile:
-    """The matrix at `path` for this model; `advice` ends the error for an unreadable file,
-    `other_model` the one for a file of another model."""
+    """The matrix at `path` for this model; `unreadable` fixes an unreadable file, `other_model`
+    a file of another model."""
     try:
         data = read_matrix(path)
     except MatrixFileError as exc:
-        raise MatrixFileError(f"{exc}; {advice}") from None
+        raise FixableMatrixFileError(str(exc), unreadable) from None
     check_compatible(data.meta, fingerprint, vocab_size, k, path, other_model)
     return data
 
 
 def _check_save_target(path: Path, fingerprint: str, vocab_size: int, k: int) -> None:
-    """Files a --cold run would merge into at exit must be this model's matrix and store: a
-    user's other file (or another model's matrix) is refused now, not written over later."""
-    if path.exists():
-        _open_matrix(path, fingerprint, vocab_size, k, _COLD, _COLD)
-    _open_store(path, None, fingerprint, vocab_size, _COLD, _COLD)
+    """Files a cold start would merge into at exit must be this model's matrix and recycled
+    store: a user's other file (or another model's matrix) is refused now, not written over later."""
+    with _noted("a cold start saves into it at exit"):
+        if path.exists():
+            _open_matrix(path, fingerprint, vocab_size, k, SAVE_TARGET, SAVE_TARGET)
+        _open_recycled_store(path, None, fingerprint, vocab_size, SAVE_TARGET, SAVE_TARGET)
 
 
-def _open_store(
+def _open_recycled_store(
     path: Path,
     seed: Path | None,
     fingerprint: str,
     vocab_size: int,
-    advice: str = _YOURS,
-    other_model: str = OTHER_MODEL_ADVICE,
+    unreadable: tuple[Remedy, ...] = UNREADABLE,
+    other_model: tuple[Remedy, ...] = OTHER_MODEL,
 ) -> RecycledStore | None:
-    """The store beside the matrix at `path`, else the one beside the starter matrix; None: neither."""
-    for source, unreadable in ((store_path(path), advice), (store_path(seed) if seed else None, _SEEDS)):
-        if source is not None and source.exists():
-            try:
-                data = read_store(source)
-            except StoreFileError as exc:
-                raise StoreFileError(f"{exc}; {unreadable}") from None
-            check_store_compatible(data.meta, fingerprint, vocab_size, source, other_model)
-            return data.to_store()
+    """The recycled store beside the matrix at `path`, else the one beside the starter matrix
+    `seed`; None: neither."""
+    own = recycled_store_path(path)
+    if own.exists():
+        return _read_recycled_store(own, fingerprint, vocab_size, unreadable, other_model)
+    if seed is not None and recycled_store_path(seed).exists():
+        with _noted(_STARTER_DAMAGED):
+            return _read_recycled_store(recycled_store_path(seed), fingerprint, vocab_size, STARTER, STARTER)
     return None
+
+
+def _read_recycled_store(
+    path: Path,
+    fingerprint: str,
+    vocab_size: int,
+    unreadable: tuple[Remedy, ...],
+    other_model: tuple[Remedy, ...],
+) -> RecycledStore:
+    try:
+        data = read_recycled_store(path)
+    except StoreFileError as exc:
+        raise FixableRecycledStoreError(str(exc), unreadable) from None
+    check_recycled_store_compatible(data.meta, fingerprint, vocab_size, path, other_model)
+    return data.to_store()

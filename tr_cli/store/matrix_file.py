@@ -1,6 +1,6 @@
 """Matrix files: the hot-start matrices that outlive the process, one per tokenizer.
 
-One file per tokenizer (fingerprint + vocabulary size + k) under `data_dir()/matrices/`, in
+One file per tokenizer (fingerprint + vocabulary size + k) in the data dir (`matrices_dir()`), in
 safetensors (loading runs no code) with string metadata. Each row carries an update stamp
 (microseconds since the epoch) so merges keep the newer candidates per row. Writes go to a temp
 file in the same directory, are fsynced and renamed over the target, under a lock file, so a
@@ -11,27 +11,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .. import __version__
 from ..core.matrix import rows_filled
-from ..errors import MatrixFileError, StoreError, first_line
+from ..errors import MatrixFileError
 from .atomic import atomic_write
-from .paths import data_dir
+from .paths import matrices_dir
+from .remedies import FixableError, Remedy
+from .safetensors_file import StringMetadata, read_safetensors
 from .timestamps import now_us
 
 FORMAT_VERSION = 1
-OTHER_MODEL_ADVICE = "use the model's own matrix or --cold"
+# What fixes a matrix (or recycled store) of another model met where this model's should be.
+OTHER_MODEL = (Remedy.OWN_MATRIX, Remedy.COLD)
 SUFFIX = ".safetensors"
-STORE_SUFFIX = ".store" + SUFFIX  # the recycled store kept beside a matrix (recycled_file.py)
+RECYCLED_STORE_SUFFIX = ".store" + SUFFIX  # the recycled store kept beside a matrix (recycled_file.py)
 _MATRIX, _STAMPS = "matrix", "row_stamps"
-
-
-def matrices_dir() -> Path:
-    return data_dir() / "matrices"
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -46,8 +45,14 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def is_matrix_name(path: Path) -> bool:
-    """Whether a file in the matrices directory is a matrix (not the store kept beside one)."""
-    return path.name.endswith(SUFFIX) and not path.name.endswith(STORE_SUFFIX)
+    """Whether a file in the matrices directory is a matrix (not the recycled store kept beside one)."""
+    return path.name.endswith(SUFFIX) and not path.name.endswith(RECYCLED_STORE_SUFFIX)
+
+
+def matrix_file_paths(directory: Path | None = None) -> list[Path]:
+    """The matrix files in `directory` (default: the data dir's matrices), sorted, without reading them."""
+    directory = matrices_dir() if directory is None else directory
+    return sorted(path for path in directory.glob(f"*{SUFFIX}") if is_matrix_name(path) and path.is_file())
 
 
 def default_path(fingerprint: str, vocab_size: int, k: int) -> Path:
@@ -55,7 +60,26 @@ def default_path(fingerprint: str, vocab_size: int, k: int) -> Path:
 
 
 @dataclass(frozen=True)
-class MatrixMeta:
+class MatrixOwner:
+    """The model a matrix file is for: its tokenizer (fingerprint, vocabulary size), the k
+    candidates kept per row, and its id (a label: the file name holds the rest)."""
+
+    fingerprint: str
+    vocab_size: int
+    k: int
+    model_id: str
+
+    @classmethod
+    def of(cls, tokenizer, vocab_size: int, k: int, model_id: str) -> MatrixOwner:
+        return cls(tokenizer_fingerprint(tokenizer), vocab_size, k, model_id)
+
+    @property
+    def default_path(self) -> Path:
+        return default_path(self.fingerprint, self.vocab_size, self.k)
+
+
+@dataclass(frozen=True)
+class MatrixMeta(StringMetadata):
     vocab_size: int
     k: int
     fingerprint: str
@@ -65,23 +89,6 @@ class MatrixMeta:
     updated_us: int = 0
     format_version: int = FORMAT_VERSION
     tr_version: str = __version__
-
-    def to_strings(self) -> dict[str, str]:
-        return {key: str(value) for key, value in asdict(self).items()}
-
-    @classmethod
-    def from_strings(cls, values: dict[str, str]) -> MatrixMeta:
-        ints = ("vocab_size", "k", "update_count", "created_us", "updated_us", "format_version")
-        missing = [name for name in (*ints, "fingerprint", "model_id") if name not in values]
-        if missing:
-            raise ValueError(f"metadata lacks {', '.join(missing)}")
-        fields = {name: int(values[name]) for name in ints}
-        return cls(
-            fingerprint=values["fingerprint"],
-            model_id=values["model_id"],
-            tr_version=values.get("tr_version", "?"),
-            **fields,
-        )
 
 
 @dataclass
@@ -111,23 +118,8 @@ class MatrixFile:
 
 def read_matrix(path: Path) -> MatrixFile:
     """Load and validate a matrix file; MatrixFileError (one line) for anything unusable."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise MatrixFileError(f"{path}: no such matrix file")
-    if path.stat().st_size == 0:
-        raise MatrixFileError(f"{path}: empty file, not a tr matrix")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            keys = set(f.keys())
-            if keys != {_MATRIX, _STAMPS}:
-                raise ValueError(f"expected tensors {_MATRIX} and {_STAMPS}, found {', '.join(sorted(keys)) or 'none'}")
-            meta = MatrixMeta.from_strings(f.metadata() or {})
-            matrix = f.get_tensor(_MATRIX)
-            stamps = f.get_tensor(_STAMPS)
-    except (SafetensorError, ValueError, OSError, RuntimeError) as exc:
-        raise MatrixFileError(f"{path}: not a valid tr matrix file ({first_line(exc)})") from None
+    meta, tensors = read_safetensors(path, (_MATRIX, _STAMPS), MatrixMeta.from_strings, "matrix", MatrixFileError)
+    matrix, stamps = tensors[_MATRIX], tensors[_STAMPS]
     if meta.format_version > FORMAT_VERSION:
         raise MatrixFileError(
             f"{path}: matrix format {meta.format_version} is newer than this tr understands; upgrade tr"
@@ -162,9 +154,9 @@ def copy_matrix_file(source: Path, target: Path) -> MatrixFile:
 
 
 def list_matrices() -> list[tuple[Path, MatrixFile | None]]:
-    """Every stored matrix, newest first; unreadable files are listed with None."""
+    """Every matrix file in the data dir, newest first; unreadable files are listed with None."""
     out: list[tuple[Path, MatrixFile | None]] = []
-    for path in sorted(p for p in matrices_dir().glob(f"*{SUFFIX}") if is_matrix_name(p)):
+    for path in matrix_file_paths():
         try:
             out.append((path, read_matrix(path)))
         except MatrixFileError:
@@ -173,22 +165,29 @@ def list_matrices() -> list[tuple[Path, MatrixFile | None]]:
 
 
 def check_compatible(
-    meta: MatrixMeta, fingerprint: str, vocab_size: int, k: int, path: Path, advice: str = OTHER_MODEL_ADVICE
+    meta: MatrixMeta,
+    fingerprint: str,
+    vocab_size: int,
+    k: int,
+    path: Path,
+    remedies: tuple[Remedy, ...] = OTHER_MODEL,
 ) -> None:
-    """A matrix file may serve a model only with its shape and its tokenizer's token ids."""
+    """A matrix file may serve a model only with its shape and its tokenizer's token ids; a
+    FixableError (with `remedies`) otherwise."""
     if meta.vocab_size != vocab_size or meta.k != k:
-        raise StoreError(
-            f"{path}: matrix is {meta.vocab_size}x{meta.k} but this model needs {vocab_size}x{k}; {advice}"
+        raise FixableError(
+            f"{path}: matrix is {meta.vocab_size}x{meta.k} but this model needs {vocab_size}x{k}", remedies
         )
-    check_fingerprint("matrix", meta.fingerprint, meta.model_id, fingerprint, path, advice)
+    check_fingerprint("matrix", meta.fingerprint, meta.model_id, fingerprint, path, remedies)
 
 
 def check_fingerprint(
-    what: str, found: str, model_id: str, fingerprint: str, path: Path, advice: str = OTHER_MODEL_ADVICE
+    what: str, found: str, model_id: str, fingerprint: str, path: Path, remedies: tuple[Remedy, ...] = OTHER_MODEL
 ) -> None:
-    """Stored token ids (a matrix's, a store's) mean the same tokens only under the same tokenizer."""
+    """Stored token ids (a matrix's, a recycled store's) mean the same tokens only under the same tokenizer."""
     if found != fingerprint:
-        raise StoreError(
+        raise FixableError(
             f"{path}: {what} belongs to another tokenizer (fingerprint {found}, model {model_id}); "
-            f"its token ids mean other tokens here; {advice}"
+            "its token ids mean other tokens here",
+            remedies,
         )

@@ -24,9 +24,14 @@ def _home() -> Path | None:
 
 
 def data_dir() -> Path:
-    """Durable state: matrices, history, calibration."""
+    """tr's home folder of durable state: matrix files and their recycled stores, history, calibration."""
     home = _home()
     return home / "data" if home else Path(platformdirs.user_data_dir(APP))
+
+
+def matrices_dir() -> Path:
+    """Where the data dir keeps the matrix files (one per tokenizer) and the files beside them."""
+    return data_dir() / "matrices"
 
 
 def cache_dir() -> Path:

@@ -1,5 +1,5 @@
 """The recycled store on disk: the token streams of earlier conversations, beside their matrix
-(`<matrix stem>.store.safetensors`).
+file (`<matrix stem>.store.safetensors`).
 
 safetensors (loading runs no code) with three tensors: `tokens` (int32, every document
 concatenated, oldest first), `ends` (int64, cumulative end offsets, one per document) and `stamps`
@@ -12,29 +12,32 @@ each other's conversations and a crash never leaves half a file.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from .. import __version__
 from ..core.recycled_store import DEFAULT_CAPACITY, MIN_DOCUMENT, Document, RecycledStore
-from ..errors import StoreError, StoreFileError, first_line
+from ..errors import StoreFileError
 from .atomic import atomic_write, locked, move_aside
-from .matrix_file import OTHER_MODEL_ADVICE, STORE_SUFFIX, check_fingerprint
+from .matrix_file import OTHER_MODEL, RECYCLED_STORE_SUFFIX, check_fingerprint
+from .remedies import FixableError, Remedy
+from .safetensors_file import StringMetadata, read_safetensors
 
 FORMAT_VERSION = 1
 _TOKENS, _ENDS, _STAMPS = "tokens", "ends", "stamps"
 
 
-def store_path(matrix_path: Path) -> Path:
-    """Where the store of a matrix lives: `abc-v49152-k8.safetensors` -> `abc-v49152-k8.store.safetensors`."""
+def recycled_store_path(matrix_path: Path) -> Path:
+    """Where the recycled store of a matrix file lives:
+    `abc-v49152-k8.safetensors` -> `abc-v49152-k8.store.safetensors`."""
     matrix_path = Path(matrix_path)
-    return matrix_path.with_name(matrix_path.stem + STORE_SUFFIX)
+    return matrix_path.with_name(matrix_path.stem + RECYCLED_STORE_SUFFIX)
 
 
 @dataclass(frozen=True)
-class StoreMeta:
+class RecycledStoreMeta(StringMetadata):
     vocab_size: int
     fingerprint: str
     model_id: str
@@ -42,26 +45,10 @@ class StoreMeta:
     format_version: int = FORMAT_VERSION
     tr_version: str = __version__
 
-    def to_strings(self) -> dict[str, str]:
-        return {key: str(value) for key, value in asdict(self).items()}
-
-    @classmethod
-    def from_strings(cls, values: dict[str, str]) -> StoreMeta:
-        ints = ("vocab_size", "capacity", "format_version")
-        missing = [name for name in (*ints, "fingerprint", "model_id") if name not in values]
-        if missing:
-            raise ValueError(f"metadata lacks {', '.join(missing)}")
-        return cls(
-            fingerprint=values["fingerprint"],
-            model_id=values["model_id"],
-            tr_version=values.get("tr_version", "?"),
-            **{name: int(values[name]) for name in ints},
-        )
-
 
 @dataclass
-class StoreFile:
-    meta: StoreMeta
+class RecycledStoreFile:
+    meta: RecycledStoreMeta
     documents: list[Document]  # oldest first
 
     @property
@@ -72,30 +59,15 @@ class StoreFile:
         return RecycledStore(self.meta.vocab_size, self.documents, capacity=self.meta.capacity)
 
 
-def read_store(path: Path) -> StoreFile:
-    """Load and validate a store file; StoreFileError (one line) for anything unusable."""
-    from safetensors import SafetensorError, safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise StoreFileError(f"{path}: no such store file")
-    if path.stat().st_size == 0:
-        raise StoreFileError(f"{path}: empty file, not a tr store")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            keys = set(f.keys())
-            expected = {_TOKENS, _ENDS, _STAMPS}
-            if keys != expected:
-                raise ValueError(
-                    f"expected tensors {', '.join(sorted(expected))}, found {', '.join(sorted(keys)) or 'none'}"
-                )
-            meta = StoreMeta.from_strings(f.metadata() or {})
-            tokens, ends, stamps = f.get_tensor(_TOKENS), f.get_tensor(_ENDS), f.get_tensor(_STAMPS)
-    except (SafetensorError, ValueError, OSError, RuntimeError) as exc:
-        raise StoreFileError(f"{path}: not a valid tr store file ({first_line(exc)})") from None
+def read_recycled_store(path: Path) -> RecycledStoreFile:
+    """Load and validate a recycled store file; StoreFileError (one line) for anything unusable."""
+    meta, tensors = read_safetensors(
+        path, (_TOKENS, _ENDS, _STAMPS), RecycledStoreMeta.from_strings, "recycled store", StoreFileError
+    )
+    tokens, ends, stamps = tensors[_TOKENS], tensors[_ENDS], tensors[_STAMPS]
     if meta.format_version > FORMAT_VERSION:
         raise StoreFileError(
-            f"{path}: store format {meta.format_version} is newer than this tr understands; upgrade tr"
+            f"{path}: recycled store format {meta.format_version} is newer than this tr understands; upgrade tr"
         )
     if meta.capacity < MIN_DOCUMENT or meta.vocab_size < 1:
         raise StoreFileError(
@@ -116,13 +88,13 @@ def read_store(path: Path) -> StoreFile:
     if not ends.numel() and tokens.numel():
         raise StoreFileError(f"{path}: {tokens.numel():,} tokens but no document ends (corrupt file)")
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= meta.vocab_size):
-        raise StoreFileError(f"{path}: store holds token ids outside the vocabulary (corrupt file)")
+        raise StoreFileError(f"{path}: recycled store holds token ids outside the vocabulary (corrupt file)")
     lengths = (ends - starts).tolist()
     documents = [Document(t, int(s)) for t, s in zip(torch.split(tokens, lengths), stamps.tolist(), strict=True)]
-    return StoreFile(meta, documents)
+    return RecycledStoreFile(meta, documents)
 
 
-def write_store(path: Path, data: StoreFile) -> None:
+def write_recycled_store(path: Path, data: RecycledStoreFile) -> None:
     """Serialize and write atomically (callers hold `locked(path)` when they merge)."""
     from safetensors.torch import save
 
@@ -136,15 +108,17 @@ def write_store(path: Path, data: StoreFile) -> None:
     atomic_write(Path(path), payload)
 
 
-def check_store_compatible(
-    meta: StoreMeta, fingerprint: str, vocab_size: int, path: Path, advice: str = OTHER_MODEL_ADVICE
+def check_recycled_store_compatible(
+    meta: RecycledStoreMeta, fingerprint: str, vocab_size: int, path: Path, remedies: tuple[Remedy, ...] = OTHER_MODEL
 ) -> None:
-    """A store may serve a model only with its tokenizer's token ids."""
+    """A recycled store may serve a model only with its tokenizer's token ids; a FixableError
+    (with `remedies`) otherwise."""
     if meta.vocab_size != vocab_size:
-        raise StoreError(
-            f"{path}: store is for a vocabulary of {meta.vocab_size:,} but this model has {vocab_size:,}; {advice}"
+        raise FixableError(
+            f"{path}: recycled store is for a vocabulary of {meta.vocab_size:,} but this model has {vocab_size:,}",
+            remedies,
         )
-    check_fingerprint("store", meta.fingerprint, meta.model_id, fingerprint, path, advice)
+    check_fingerprint("recycled store", meta.fingerprint, meta.model_id, fingerprint, path, remedies)
 
 
 def merge_documents(base: list[Document], incoming: list[Document], vocab_size: int, capacity: int) -> list[Document]:
@@ -156,14 +130,14 @@ def merge_documents(base: list[Document], incoming: list[Document], vocab_size: 
     return RecycledStore(vocab_size, ordered, capacity=capacity).documents
 
 
-def save_store(
+def save_recycled_store(
     path: Path,
     store: RecycledStore,
     fingerprint: str,
     model_id: str,
     fallback: Path | None = None,
     waiting: Callable[[str], None] | None = None,
-) -> StoreFile | None:
+) -> RecycledStoreFile | None:
     """Merge `store.added` into the file under its lock and clear it; None when nothing was added.
 
     Without a file yet, the merge starts from `fallback` (the starter store a seeded matrix came
@@ -174,32 +148,32 @@ def save_store(
     if not added:
         return None
     path = Path(path)
-    meta = StoreMeta(store.vocab_size, fingerprint, model_id, capacity=store.capacity)
+    meta = RecycledStoreMeta(store.vocab_size, fingerprint, model_id, capacity=store.capacity)
     with locked(path, waiting=waiting):
         base: list[Document] = []
         if path.exists():
             try:
-                current = read_store(path)
+                current = read_recycled_store(path)
             except StoreFileError:
                 move_aside(path)
             else:
-                check_store_compatible(current.meta, fingerprint, store.vocab_size, path)
+                check_recycled_store_compatible(current.meta, fingerprint, store.vocab_size, path)
                 base = current.documents
         elif fallback is not None and Path(fallback).exists():
-            base = read_store(fallback).documents
-        result = StoreFile(meta, merge_documents(base, added, store.vocab_size, store.capacity))
-        write_store(path, result)
+            base = read_recycled_store(fallback).documents
+        result = RecycledStoreFile(meta, merge_documents(base, added, store.vocab_size, store.capacity))
+        write_recycled_store(path, result)
     del store.added[: len(added)]  # exactly what was written
     return result
 
 
-def copy_store_file(source: Path, target: Path) -> StoreFile:
+def copy_recycled_store_file(source: Path, target: Path) -> RecycledStoreFile:
     """Validate `source`, then write its exact bytes to `target` atomically."""
-    data = read_store(source)
+    data = read_recycled_store(source)
     atomic_write(Path(target), Path(source).read_bytes())
     return data
 
 
-def with_fingerprint(data: StoreFile, fingerprint: str) -> StoreFile:
-    """The same documents labelled for another tokenizer (an import with --force)."""
-    return StoreFile(replace(data.meta, fingerprint=fingerprint), data.documents)
+def with_fingerprint(data: RecycledStoreFile, fingerprint: str) -> RecycledStoreFile:
+    """The same documents labelled for another tokenizer (an import told to take them as its own)."""
+    return RecycledStoreFile(replace(data.meta, fingerprint=fingerprint), data.documents)

@@ -7,7 +7,18 @@ from pathlib import Path
 
 from ..errors import UserError
 from .conversation import encode_prompt
-from .prompts import read_prompt_file, read_utf8, sample_prompts, text_blocks
+from .prompts import read_prompt_file, sample_prompts, text_blocks
+
+
+class CorpusError(UserError):
+    """A corpus file that cannot be read, or files that hold no text. It names the file (`path`;
+    None: the files together) and what is wrong (`reason`), not how the files were given: the
+    caller says that."""
+
+    def __init__(self, path: Path | None, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}" if path is not None else reason)
 
 
 @dataclass(frozen=True)
@@ -17,20 +28,29 @@ class CorpusText:
 
 
 def read_corpus(paths: list[Path]) -> list[CorpusText]:
-    """All texts of the given files, validated up front; the bundled sample when none are given."""
+    """All texts of the given files, validated up front; the bundled sample when none are given.
+    CorpusError for a file that is not there or not text, or files without text; a prompt file's
+    own errors name its line (text/prompts.py)."""
     if not paths:
         return [CorpusText(turn, True) for record in sample_prompts() for turn in record.turns]
     texts: list[CorpusText] = []
     for path in paths:
         if not path.is_file():
-            raise UserError(f"--from {path}: no such file")
+            raise CorpusError(path, "no such file")
         if path.suffix in (".jsonl", ".json"):
             texts.extend(CorpusText(turn, True) for record in read_prompt_file(path) for turn in record.turns)
             continue
-        texts.extend(CorpusText(block, False) for block in text_blocks(read_utf8(path, what="--from ")))
+        texts.extend(CorpusText(block, False) for block in text_blocks(_read_text(path)))
     if not texts:
-        raise UserError("--from: the files hold no text")
+        raise CorpusError(None, "the files hold no text")
     return texts
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorpusError(path, f"cannot read it as UTF-8 text ({exc})") from None
 
 
 def token_lists(tokenizer, texts: list[CorpusText]) -> list[list[int]]:

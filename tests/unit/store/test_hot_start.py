@@ -3,6 +3,7 @@
 files shipped with tr for new users."""
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -12,10 +13,17 @@ from tr_cli.core import TreeBuffers, TreeSpec
 from tr_cli.core.design.acceptance_stats import AcceptanceStats
 from tr_cli.errors import MatrixFileError, StoreError, StoreFileError
 from tr_cli.store.acceptance_file import acceptance_path
-from tr_cli.store.hot_matrix import HotMatrix, Saved
+from tr_cli.store.hot_matrix import SAVE_TARGET, STARTER, UNREADABLE, HotMatrix, Saved
 from tr_cli.store.matrix_file import MatrixFile, default_path, read_matrix, tokenizer_fingerprint, write_matrix
 from tr_cli.store.paths import seed_dir
-from tr_cli.store.recycled_file import StoreFile, StoreMeta, read_store, store_path, write_store
+from tr_cli.store.recycled_file import (
+    RecycledStoreFile,
+    RecycledStoreMeta,
+    read_recycled_store,
+    recycled_store_path,
+    write_recycled_store,
+)
+from tr_cli.store.remedies import Remedy
 
 from fake_tokenizer import VOCAB, FakeTokenizer, K
 
@@ -30,8 +38,13 @@ def open_hot(path=None, **kwargs) -> HotMatrix:
     return HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=path, **kwargs)
 
 
+def assert_one_line_without_flags(message: str) -> None:
+    """The store does not know how it was called: the command line words the remedies as flags."""
+    assert "\n" not in message and not re.search(r"(^|\s)--[a-z]", message), message
+
+
 def stored(path) -> list[list[int]]:
-    return [doc.tokens.tolist() for doc in read_store(store_path(path)).documents]
+    return [doc.tokens.tolist() for doc in read_recycled_store(recycled_store_path(path)).documents]
 
 
 def test_the_store_is_saved_beside_the_matrix_and_loaded_with_it(tmp_path):
@@ -54,7 +67,7 @@ def test_a_store_without_its_matrix_is_still_loaded_and_saved(tmp_path):
     first = open_hot(path)
     first.store.add(conversation(5), 100)
     assert first.save() == Saved(rows=0, documents=1, tokens=10)
-    assert not path.exists() and store_path(path).exists()
+    assert not path.exists() and recycled_store_path(path).exists()
     again = open_hot(path)
     assert again.state == "new" and len(again.store.documents) == 1
 
@@ -86,7 +99,7 @@ def test_cold_starts_empty_and_no_save_writes_nothing(tmp_path):
     hot = open_hot(path)
     hot.store.add(conversation(1), 100)
     hot.save()
-    before = store_path(path).read_bytes()
+    before = recycled_store_path(path).read_bytes()
     cold = open_hot(path, cold=True, save=False)
     assert cold.state == "cold" and cold.store.documents == []
     cold.store.add(conversation(2), 200)
@@ -94,7 +107,7 @@ def test_cold_starts_empty_and_no_save_writes_nothing(tmp_path):
     unsaved = open_hot(path, save=False)
     assert len(unsaved.store.documents) == 1
     unsaved.store.add(conversation(3), 300)
-    assert unsaved.save() == Saved() and store_path(path).read_bytes() == before
+    assert unsaved.save() == Saved() and recycled_store_path(path).read_bytes() == before
     # --cold with saving: starts empty, then merges its conversations into the file.
     cold_saving = open_hot(path, cold=True)
     cold_saving.store.add(conversation(4), 400)
@@ -105,22 +118,29 @@ def test_cold_starts_empty_and_no_save_writes_nothing(tmp_path):
 def test_a_bad_store_file_is_an_error_at_start_and_left_intact(tmp_path):
     path = tmp_path / "m.safetensors"
     open_hot(path).matrix[1] = 1
-    store_path(path).write_bytes(b"not a store")
+    recycled_store_path(path).write_bytes(b"not a store")
     with pytest.raises(StoreFileError) as info:
         open_hot(path)
     message = str(info.value)
-    assert str(store_path(path)) in message and "--cold" in message and "\n" not in message
-    assert store_path(path).read_bytes() == b"not a store"
+    assert str(recycled_store_path(path)) in message and "not a valid tr recycled store file" in message
+    assert info.value.remedies == UNREADABLE == (Remedy.MOVE_AWAY, Remedy.OTHER_MATRIX, Remedy.COLD)
+    assert message.endswith("; move it away, use another matrix file, or start from an empty matrix")
+    assert_one_line_without_flags(message)
+    assert recycled_store_path(path).read_bytes() == b"not a store"
     assert open_hot(path, cold=True, save=False).store.documents == []  # --cold does not read it
     # ...but --cold saves into it at exit, so with saving on it is refused as well.
-    with pytest.raises(StoreFileError, match="--cold saves into it at exit"):
+    with pytest.raises(StoreFileError, match="; a cold start saves into it at exit; ") as info:
         open_hot(path, cold=True)
-    assert store_path(path).read_bytes() == b"not a store"
+    assert info.value.remedies == SAVE_TARGET and Remedy.NO_SAVE in SAVE_TARGET
+    assert_one_line_without_flags(str(info.value))
+    assert recycled_store_path(path).read_bytes() == b"not a store"
 
 
 def test_another_tokenizers_store_is_refused_at_start(tmp_path):
     path = tmp_path / "m.safetensors"
-    write_store(store_path(path), StoreFile(StoreMeta(VOCAB, "someone-else", "x"), []))
+    write_recycled_store(
+        recycled_store_path(path), RecycledStoreFile(RecycledStoreMeta(VOCAB, "someone-else", "x"), [])
+    )
     with pytest.raises(StoreError, match="another tokenizer"):
         open_hot(path)
 
@@ -129,15 +149,17 @@ def test_a_failed_store_save_keeps_the_matrix_save(tmp_path):
     path = tmp_path / "m.safetensors"
     hot = open_hot(path)
     # Another tokenizer's store appeared meanwhile: the store part is refused, the matrix saved.
-    write_store(store_path(path), StoreFile(StoreMeta(VOCAB, "someone-else", "x"), []))
-    before = store_path(path).read_bytes()
+    write_recycled_store(
+        recycled_store_path(path), RecycledStoreFile(RecycledStoreMeta(VOCAB, "someone-else", "x"), [])
+    )
+    before = recycled_store_path(path).read_bytes()
     hot.matrix[7] = 7
     hot.store.add(conversation(1), 100)
     with pytest.raises(StoreError) as info:
         hot.save()
     assert "store to" in str(info.value) and "matrix to" not in str(info.value)
     assert read_matrix(path).matrix[7].tolist() == [7] * K
-    assert store_path(path).read_bytes() == before and len(hot.store.added) == 1
+    assert recycled_store_path(path).read_bytes() == before and len(hot.store.added) == 1
 
 
 def test_a_failed_matrix_save_keeps_the_store_save(tmp_path):
@@ -164,7 +186,10 @@ def seeds(home, tmp_path):
     data.meta = replace(data.meta, update_count=1)
     write_matrix(directory / name, data)
     documents = starter_store().documents
-    write_store(store_path(directory / name), StoreFile(StoreMeta(VOCAB, FP, "starter-model"), documents))
+    write_recycled_store(
+        recycled_store_path(directory / name),
+        RecycledStoreFile(RecycledStoreMeta(VOCAB, FP, "starter-model"), documents),
+    )
     hot = HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=tmp_path / "stats.safetensors")
     buffers = TreeBuffers.build(TreeSpec.from_paths("t", [[0], [1]]))
     hot.acceptance.record(buffers, torch.tensor([True, True, False]))
@@ -225,12 +250,15 @@ def test_a_seeded_session_with_no_save_writes_nothing(seeds):
 
 def test_damaged_starter_files_are_an_error_saying_what_to_do(seeds):
     name = default_path(FP, VOCAB, K).name
-    store_path(seeds / name).write_bytes(b"junk")
-    with pytest.raises(StoreFileError, match="reinstall tr"):
+    recycled_store_path(seeds / name).write_bytes(b"junk")
+    with pytest.raises(StoreFileError, match="the starter files shipped with tr are damaged; reinstall tr") as info:
         open_hot(seeds=seeds)
+    assert info.value.remedies == STARTER
     (seeds / name).write_bytes(b"junk")
-    with pytest.raises(MatrixFileError, match="reinstall tr"):
+    with pytest.raises(MatrixFileError, match="the starter files shipped with tr are damaged; reinstall tr") as info:
         open_hot(seeds=seeds)
+    assert info.value.remedies == STARTER
+    assert_one_line_without_flags(str(info.value))
 
 
 def test_the_shipped_starter_directory_is_a_package_folder():
@@ -252,7 +280,9 @@ def test_cold_refuses_at_start_a_file_it_would_write_over(tmp_path, content):
     with pytest.raises(StoreError) as info:
         open_hot(path, cold=True)
     message = str(info.value)
-    assert message.startswith(str(path)) and "--no-save" in message and "\n" not in message
+    assert message.startswith(str(path)) and "a cold start saves into it at exit" in message
+    assert info.value.remedies == SAVE_TARGET
+    assert_one_line_without_flags(message)
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [path.name]
     cold = open_hot(path, cold=True, save=False)  # nothing is saved: nothing to protect
     cold.matrix[3] = 3

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from tr_cli.errors import StoreError
-from tr_cli.store import atomic
-from tr_cli.store import matrix_file as store
+from tr_cli.store import atomic, matrix_file
 from tr_cli.store.hot_matrix import HotMatrix
 from tr_cli.store.matrix_file import MatrixFile, MatrixFileError, read_matrix, write_matrix
+from tr_cli.store.paths import matrices_dir
 
 from fake_tokenizer import VOCAB, FakeTokenizer, K
 
@@ -27,10 +27,21 @@ def sample_file(seed: int = 0) -> MatrixFile:
     return data
 
 
-def test_tr_home_moves_the_store(tmp_path, monkeypatch):
+def test_tr_home_moves_the_data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TR_HOME", str(tmp_path))
-    assert store.matrices_dir() == tmp_path / "data" / "matrices"
-    assert store.default_path("f", 10, 8).parent == tmp_path / "data" / "matrices"
+    assert matrices_dir() == tmp_path / "data" / "matrices"
+    assert matrix_file.default_path("f", 10, 8).parent == tmp_path / "data" / "matrices"
+
+
+def test_matrix_file_paths_leave_out_what_is_not_a_matrix_file(tmp_path):
+    for name in ("b-v1-k8.safetensors", "a-v1-k8.safetensors", "a-v1-k8.store.safetensors", "notes.txt"):
+        (tmp_path / name).write_bytes(b"")
+    (tmp_path / "folder.safetensors").mkdir()
+    assert matrix_file.matrix_file_paths(tmp_path) == [
+        tmp_path / "a-v1-k8.safetensors",
+        tmp_path / "b-v1-k8.safetensors",
+    ]
+    assert matrix_file.matrix_file_paths(tmp_path / "missing") == []
 
 
 def test_round_trip_is_bit_identical(tmp_path):
@@ -39,17 +50,17 @@ def test_round_trip_is_bit_identical(tmp_path):
     back = read_matrix(tmp_path / "m.safetensors")
     assert torch.equal(back.matrix, data.matrix) and torch.equal(back.stamps, data.stamps)
     assert back.meta == data.meta
-    store.copy_matrix_file(tmp_path / "m.safetensors", tmp_path / "copy.safetensors")
+    matrix_file.copy_matrix_file(tmp_path / "m.safetensors", tmp_path / "copy.safetensors")
     assert (tmp_path / "m.safetensors").read_bytes() == (tmp_path / "copy.safetensors").read_bytes()
 
 
 def test_fingerprint_depends_on_vocabulary_and_specials():
     a, b = FakeTokenizer(), FakeTokenizer(shift=1)
-    assert store.tokenizer_fingerprint(a) == store.tokenizer_fingerprint(FakeTokenizer())
-    assert store.tokenizer_fingerprint(a) != store.tokenizer_fingerprint(b)
+    assert matrix_file.tokenizer_fingerprint(a) == matrix_file.tokenizer_fingerprint(FakeTokenizer())
+    assert matrix_file.tokenizer_fingerprint(a) != matrix_file.tokenizer_fingerprint(b)
     c = FakeTokenizer()
     c.special_tokens_map = {"eos_token": "tok3"}
-    assert store.tokenizer_fingerprint(a) != store.tokenizer_fingerprint(c)
+    assert matrix_file.tokenizer_fingerprint(a) != matrix_file.tokenizer_fingerprint(c)
 
 
 def bad_files(tmp: Path) -> dict[str, Path]:
@@ -149,7 +160,7 @@ def test_cold_and_no_save(tmp_path):
     assert read_matrix(path).matrix[4].tolist() == [0] * K
 
 
-def test_corrupt_store_file_is_an_error_not_overwritten(tmp_path):
+def test_corrupt_matrix_file_is_an_error_not_overwritten(tmp_path):
     path = tmp_path / "m.safetensors"
     path.write_bytes(b"garbage")
     with pytest.raises(StoreError, match="not a valid tr matrix file"):
