@@ -9,6 +9,9 @@ z = sum(s_t - H_t) / sqrt(sum V_t) is about standard normal; a sampler that over
 (greedy-ish) drives z well below 0, one that picks unlikely tokens drives it above. |z| > 3 is a
 red flag. Tokens the check's own forward gives probability 0 (a bf16 near-tie at a top-k/top-p cut)
 are counted apart.
+
+The logits are computed as the decoders computed them: the prompt as a prompt, then every token's
+row as a decoding step's (models/weights.py's `+bf16` modes run the two on different weights).
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import math
 from dataclasses import dataclass
 
 import torch
+from transformers import DynamicCache
 
 from ..core.sampling import process_logits
 from ..core.sampling_config import SamplingConfig
+from ..core.step_scope import decoding_step
 
 ROWS_PER_CHUNK = 64  # processed distributions held at once (rows x vocabulary floats)
 
@@ -73,6 +78,34 @@ def _score(probs: torch.Tensor, chosen: torch.Tensor) -> DistributionCheck:
     )
 
 
+def _accepts(model: torch.nn.Module, keyword: str) -> bool:
+    return keyword in inspect.signature(model.forward).parameters
+
+
+@torch.inference_mode()
+def position_logits(model: torch.nn.Module, ids: list[int], tokens: list[int]) -> torch.Tensor:
+    """The logits (len(tokens), V) each of `tokens`, generated after prompt `ids`, was drawn from.
+
+    Computed as `generate` and tr's decoder compute them: the prompt in one forward, whose last
+    row gives the first token, then tokens[:-1] over the prompt's cache inside `decoding_step()`,
+    each row on the weights a one-token forward takes (SDPA may still round several query rows a
+    bf16 ulp otherwise than one, as in tr's own steps). One forward over prompt and tokens would
+    run the tokens' rows as a prompt's: on a `+bf16` model, on the bf16 weights instead of the
+    quantized ones that produced them. On a dense model both agree but for float rounding."""
+    device = model.get_input_embeddings().weight.device
+    # transformers 5 renamed `past_key_values` to `cache`; pass whichever the model takes.
+    keyword = "cache" if _accepts(model, "cache") else "past_key_values"
+    cache = DynamicCache(config=model.config.get_text_config(decoder=True))
+    last_only = {"logits_to_keep": 1} if _accepts(model, "logits_to_keep") else {}  # as generate's prefill
+    prompt = model(torch.tensor([ids], device=device), use_cache=True, **{keyword: cache}, **last_only)
+    first = prompt.logits[0, -1:]
+    if len(tokens) == 1:
+        return first
+    with decoding_step():
+        rest = model(torch.tensor([tokens[:-1]], device=device), use_cache=True, **{keyword: cache}).logits[0]
+    return torch.cat([first, rest.to(first.device)])
+
+
 @torch.inference_mode()
 def check_tokens(
     model: torch.nn.Module, config: SamplingConfig, ids: list[int], tokens: list[int]
@@ -80,10 +113,7 @@ def check_tokens(
     """Score `tokens`, generated after prompt `ids`, under the processed distribution at each position."""
     if not tokens:
         return DistributionCheck()
-    device = model.get_input_embeddings().weight.device
-    sequence = torch.tensor([ids + tokens[:-1]], device=device)
-    extra = {"logits_to_keep": len(tokens)} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    logits = model(sequence, **extra).logits[0, -len(tokens) :]
+    logits = position_logits(model, ids, tokens)
     chosen = torch.tensor(tokens, device=logits.device)
     total = DistributionCheck()
     for start in range(0, len(tokens), ROWS_PER_CHUNK):

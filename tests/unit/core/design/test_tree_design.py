@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from tr_cli.core import TreeBuffers, TreeSpec
+from tr_cli.core.design import cost_model
 from tr_cli.core.design.acceptance_stats import AcceptanceStats
 from tr_cli.core.design.cost_model import CostModel, calibrate
 from tr_cli.core.design.tree_design import AutoTree, best_paths, design_tree
@@ -33,18 +34,24 @@ def test_cost_model_rejects_bad_points(sizes, seconds):
         CostModel(sizes, seconds)
 
 
-def test_calibrate_takes_the_fastest_repeat_and_keeps_the_curve_monotone():
+def test_calibrate_takes_the_fastest_repeat_and_keeps_the_curve_monotone(monkeypatch):
+    """On a fake clock that each step advances by a set time: a hiccup adds 30 ms to every third
+    call, and size 4 is faster than size 2 (noise the curve must not keep)."""
+    step_seconds = {1: 0.010, 2: 0.012, 4: 0.011, 8: 0.020}
+    hiccups = itertools.cycle([0.0, 0.03, 0.0])
+    clock = [0.0]
     calls: list[int] = []
-    noise = itertools.cycle([0.0, 0.03, 0.0])
 
     def run(n: int) -> None:
         calls.append(n)
-        time.sleep(0.001 * n + next(noise))
+        clock[0] += step_seconds[n] + next(hiccups)
 
+    monkeypatch.setattr(cost_model, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     cost = calibrate(run, sizes=(1, 2, 4, 8), repeats=3, warmup=1)
-    assert calls.count(8) == 4 and calls.count(1) == 4  # warmup on the ends, then 3 rounds
-    assert list(cost.seconds) == sorted(cost.seconds)
-    assert cost.time(1) < 0.02  # the 30 ms hiccups never win
+    assert calls == [8, 1] + [1, 2, 4, 8] * 3  # warmup on the ends, then round-robin rounds
+    # Every size has a repeat without a hiccup, so the fastest is its step time; 4 is lifted to 2's.
+    assert cost.sizes == (1, 2, 4, 8)
+    assert cost.seconds == pytest.approx((0.010, 0.012, 0.012, 0.020), abs=1e-12)
 
 
 def brute_force_expected(spec: TreeSpec, p: list[list[float]]) -> float:
