@@ -18,12 +18,12 @@ import tempfile
 from pathlib import Path
 
 from tr_cli.core import StopCondition
-from tr_cli.engine.choices import EngineOptions
 from tr_cli.engine.engine import Engine
+from tr_cli.engine.options import DecodingOptions
 from tr_cli.store.acceptance_file import acceptance_path
 from tr_cli.store.matrix_file import default_path, tokenizer_fingerprint
 from tr_cli.store.paths import seed_dir
-from tr_cli.store.recycled_file import store_path
+from tr_cli.store.recycled_file import recycled_store_path
 from tr_cli.text.conversation import ConversationEncoder, messages_of
 from tr_cli.text.prompts import load_prompts
 
@@ -37,12 +37,12 @@ def main() -> None:
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as scratch:
-        probe = Engine.open(EngineOptions(), matrix=False, decoder=False)
+        probe = Engine.open(DecodingOptions(), matrix=False, decoder=False)
         loaded = probe.loaded
         name = default_path(tokenizer_fingerprint(loaded.tokenizer), loaded.vocab_size, 8).name
         target = Path(scratch) / name
         # A fresh matrix at a scratch path: nothing of the user's store goes into the seed.
-        engine = Engine.open(EngineOptions(matrix=target))
+        engine = Engine.open(DecodingOptions(matrix=target))
         assert engine.hot.state == "new", engine.hot.describe()
         decoder, encoder = engine.decoder, ConversationEncoder(loaded.tokenizer)
         stop = StopCondition.build(args.max_new_tokens, loaded.eos_token_ids)
@@ -62,7 +62,7 @@ def main() -> None:
         saved = engine.save()
         print(f"saved {saved}")
         out = seed_dir()
-        for path in (target, store_path(target), acceptance_path(target)):
+        for path in (target, recycled_store_path(target), acceptance_path(target)):
             shutil.copyfile(path, out / path.name)
             print(f"{out / path.name}: {path.stat().st_size:,} bytes")
 

@@ -19,7 +19,7 @@ import torch
 from tr_cli.core.attention import AttentionLayout, causal_visibility
 from tr_cli.core.forward import LlamaFamilyForward, ModelForward
 from tr_cli.core.kv_cache import CompactingCache
-from tr_cli.models import load_model
+from tr_cli.models import Runtime, WeightsMode, load_model
 from tr_cli.models.weights import quantized_copy
 from tr_cli.store.paths import cache_dir
 
@@ -59,12 +59,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    loaded = load_model(args.model, dtype="bfloat16", cache=cache_dir())
+    loaded = load_model(args.model, Runtime.resolve(dtype="bfloat16"), cache=cache_dir())
     rows = []
     print(f"{loaded.model_id}, bfloat16, {torch.get_num_threads()} threads; ms, median of {args.repeats}")
     with torch.inference_mode():
         for weights in args.weights.split(","):
-            model = loaded.model if weights == "dense" else quantized_copy(loaded.model, weights)
+            model = loaded.model if weights == "dense" else quantized_copy(loaded.model, WeightsMode.parse(weights))
             paths = {"model": ModelForward(model, "cache"), "direct": LlamaFamilyForward(model)}
             for n in (int(s) for s in args.sizes.split(",")):
                 ms = _measure(paths, model, n, args.repeats)

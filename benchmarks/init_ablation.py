@@ -16,7 +16,7 @@ import torch
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder, new_matrix
 from tr_cli.core.matrix_init import fill_from_token_lists
-from tr_cli.models import load_model
+from tr_cli.models import Runtime, load_model
 from tr_cli.store.paths import cache_dir
 from tr_cli.text.conversation import encode_prompt
 
@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
 
-    loaded = load_model(None, "cpu", args.dtype, cache=cache_dir())
+    loaded = load_model(None, Runtime.resolve("cpu", args.dtype), cache=cache_dir())
     model, tok = loaded.model, loaded.tokenizer
     vocab = loaded.vocab_size
     every = pick_prompts(DATA, args.limit + args.warm_prompts)

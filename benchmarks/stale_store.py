@@ -23,9 +23,10 @@ from pathlib import Path
 import torch
 
 from tr_cli.core import PRESETS, StopCondition, TokenRecyclingDecoder
+from tr_cli.core.drafters import DraftPlan, StoreLookupDrafter
 from tr_cli.core.recycled_store import RecycledStore
 from tr_cli.engine.calibration import load_or_calibrate
-from tr_cli.models import load_model
+from tr_cli.models import Runtime, load_model
 from tr_cli.store.paths import cache_dir
 from tr_cli.text.conversation import ConversationEncoder, messages_of
 from tr_cli.text.prompts import load_prompts
@@ -54,7 +55,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
-    loaded = load_model(None, "auto", "auto", cache=cache_dir())
+    loaded = load_model(None, Runtime.resolve(), cache=cache_dir())
     encoder = ConversationEncoder(loaded.tokenizer)
     wanted = set(args.categories.split(","))
     records = [r for r in load_prompts(Path(args.prompts)) if r.category in wanted][: args.limit]
@@ -67,9 +68,13 @@ def main() -> None:
     model, eos = loaded.model, loaded.eos_token_ids
     decoders = {
         "ar": TokenRecyclingDecoder(model, tree=PRESETS["none"]),
-        "store forced": TokenRecyclingDecoder(model, tree=PRESETS["none"], store=store.copy()),
-        "tr (priced, stale store)": TokenRecyclingDecoder(model, cost=cost, lookup_length=10, store=store.copy()),
-        "tr (no store)": TokenRecyclingDecoder(model, cost=cost, lookup_length=10),
+        "store forced": TokenRecyclingDecoder(model, tree=PRESETS["none"], drafters=[StoreLookupDrafter(store.copy())]),
+        "tr (priced, stale store)": TokenRecyclingDecoder(
+            model, cost=cost, drafters=DraftPlan.of().drafters("cpu", store.copy())
+        ),
+        "tr (no store)": TokenRecyclingDecoder(
+            model, cost=cost, drafters=DraftPlan.of(None, {"store": 0}).drafters("cpu")
+        ),
     }
     totals = {name: [0, 0.0, 0] for name in decoders}  # tokens, seconds, steps
     for record in records:

@@ -18,8 +18,9 @@ import torch
 from tr_cli.core import PRESETS, StopCondition, TokenRecyclingDecoder
 from tr_cli.core.design.acceptance_stats import AcceptanceStats
 from tr_cli.core.design.tree_design import best_paths, design_tree
+from tr_cli.core.drafters import DraftPlan
 from tr_cli.core.tree import TreeSpec
-from tr_cli.models import load_model
+from tr_cli.models import Runtime, load_model
 from tr_cli.store.hot_matrix import HotMatrix
 from tr_cli.store.paths import cache_dir
 from tr_cli.text.conversation import encode_prompt
@@ -36,7 +37,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
 
-    loaded = load_model(None, "cpu", args.dtype, cache=cache_dir())
+    loaded = load_model(None, Runtime.resolve("cpu", args.dtype), cache=cache_dir())
     model, tok = loaded.model, loaded.tokenizer
     hot = HotMatrix.open(tok, loaded.vocab_size, loaded.model_id, save=False)
     matrix = hot.matrix
@@ -102,8 +103,10 @@ def main() -> None:
     variants = {
         "paper": dict(tree=PRESETS["paper"]),
         "auto": dict(cost=cost),
-        "auto+lookup": dict(cost=cost, lookup_length=10),
-        "paper+lookup": dict(tree=PRESETS["paper"], lookup_length=10),
+        "auto+lookup": dict(cost=cost, drafters=DraftPlan.of(None, {"lookup": 10, "store": 0}).drafters(loaded.device)),
+        "paper+lookup": dict(
+            tree=PRESETS["paper"], drafters=DraftPlan.of(PRESETS["paper"], {"lookup": 10}).drafters(loaded.device)
+        ),
     }
     decoders = {}
     for name, kw in variants.items():

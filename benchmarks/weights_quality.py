@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 from tr_cli.bench.methods import HFGenerate
-from tr_cli.models import load_model
-from tr_cli.models.weights import WEIGHTS, quantized_copy
+from tr_cli.models import Runtime, load_model
+from tr_cli.models.runtime import QUANTIZED_MODES
+from tr_cli.models.weights import quantized_copy
 from tr_cli.store.paths import cache_dir
 from tr_cli.text.conversation import ConversationEncoder
 
@@ -56,13 +57,13 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    loaded = load_model(args.model, dtype="bfloat16", cache=cache_dir())
+    loaded = load_model(args.model, Runtime.resolve(dtype="bfloat16"), cache=cache_dir())
     records = [json.loads(line) for line in args.prompts.read_text().splitlines() if line.strip()][: args.limit]
     tokenizer = loaded.tokenizer
     texts = [tokenizer(r["turns"][0])["input_ids"] for r in records]
     encoder = ConversationEncoder(tokenizer)
     chats = [encoder.encode([{"role": "user", "content": r["turns"][0]}]).ids for r in records]
-    models = {"dense": loaded.model} | {w: quantized_copy(loaded.model, w) for w in WEIGHTS if w != "dense"}
+    models = {"dense": loaded.model} | {m.name: quantized_copy(loaded.model, m) for m in QUANTIZED_MODES}
     results: dict[str, dict] = {}
     dense_replies: list[list[int]] = []
     with torch.inference_mode():

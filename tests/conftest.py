@@ -63,9 +63,9 @@ def home(tmp_path, monkeypatch, gguf_cache) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_fp32(gguf_cache):
     """The packaged SmolLM2-135M-Instruct, float32 on the CPU (converted once per session)."""
-    from tr_cli.models import load_model
+    from tr_cli.models import Runtime, load_model
 
-    return load_model(None, device="cpu", dtype="float32", cache=gguf_cache.parent)
+    return load_model(None, Runtime.resolve("cpu", "float32"), cache=gguf_cache.parent)
 
 
 @pytest.fixture(scope="session")

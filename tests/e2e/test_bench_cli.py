@@ -24,16 +24,16 @@ def plain_output(home, monkeypatch):
     "args, words",
     [
         (["missing.jsonl"], "no such prompt file"),
-        (["--methods", "baseline,warp"], "unknown method warp"),
+        (["--methods", "baseline,warp"], "--methods warp: unknown method"),
         (["--categories", "poetry"], "poetry not in"),
         (["--format", "xml"], "--format xml"),
         (["--turns", "2"], "--turns 2"),
         (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
         (["--methods", "baseline,tr:bushy"], "unknown tree"),
-        (["--methods", "tr:paper+lookupX"], "lookup length must be a number"),
-        (["--temperature", "-1"], "--temperature must be 0 (greedy) or more"),
-        (["--top-p", "2"], "--top-p must be between 0 and 1"),
-        (["--top-k", "-2"], "--top-k must be 0 (off) or more"),
+        (["--methods", "tr:paper+lookupX"], "--methods tr:paper+lookupX: tree paper+lookupX: unknown tree"),
+        (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or more"),
+        (["--top-p", "2"], "--top-p 2.0: must be between 0 and 1"),
+        (["--top-k", "-2"], "--top-k -2: must be 0 (off) or more"),
     ],
 )
 def test_bad_input_is_one_line_error(args, words):

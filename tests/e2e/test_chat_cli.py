@@ -21,6 +21,7 @@ import torch
 
 from tr_cli.chat.session import ChatSession, Settings
 from tr_cli.core import TokenRecyclingDecoder
+from tr_cli.core.sampling_config import SamplingRequest
 from tr_cli.models import context_limit
 from tr_cli.store.paths import cache_dir
 from tr_cli.text.conversation import encode_prompt
@@ -48,9 +49,9 @@ def run_piped(args: list[str], stdin: str, home: Path) -> subprocess.CompletedPr
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
-    from tr_cli.models import load_model
+    from tr_cli.models import Runtime, load_model
 
-    return load_model(str(tiny_llama_dir), device="cpu", dtype="float32", cache=cache_dir())
+    return load_model(str(tiny_llama_dir), Runtime.resolve("cpu", "float32"), cache=cache_dir())
 
 
 @pytest.mark.parametrize(
@@ -127,11 +128,12 @@ def test_sampled_piped_chat_is_reproducible_from_its_seed(tiny, tiny_llama_dir, 
     out = run_piped(args, "Hello there\nAnd then?\n", tmp_path)
     assert out.returncode == 0, out.stderr
     assert "sampling: temperature 0.9, top_p 0.95, top_k 50, seed 4" in out.stderr
+    settings = Settings(max_new_tokens=8, sampling=SamplingRequest(temperature=0.9, top_p=0.95, seed=4))
     session = ChatSession(
         tiny.tokenizer,
-        TokenRecyclingDecoder(tiny.model),
+        TokenRecyclingDecoder(tiny.model, sampling=settings.sampling_config(tiny.model.generation_config)),
         tiny.eos_token_ids,
-        settings=Settings(max_new_tokens=8, temperature=0.9, top_p=0.95, seed=4),
+        settings=settings,
         max_positions=context_limit(tiny.model),
     )
     expected = replies(session, ("Hello there", "And then?"))
@@ -143,12 +145,12 @@ def test_sampled_piped_chat_is_reproducible_from_its_seed(tiny, tiny_llama_dir, 
     [
         ([], "", "no message on stdin"),
         (["--live", "fancy"], "hi", "--live fancy: use one of path, tree, off"),
-        (["--temperature", "-1"], "hi", "--temperature must be 0 (greedy) or more, got -1.0"),
-        (["--top-p", "2"], "hi", "--top-p must be between 0 and 1, got 2.0"),
+        (["--temperature", "-1"], "hi", "--temperature -1.0: must be 0 (greedy) or more"),
+        (["--top-p", "2"], "hi", "--top-p 2.0: must be between 0 and 1"),
         (
             ["--temperature", "0", "--top-k", "5"],
             "hi",
-            "--top-k needs sampling, but --temperature 0 is greedy decoding",
+            "--top-k 5: needs sampling, but temperature 0 is greedy decoding",
         ),
     ],
 )

@@ -32,7 +32,7 @@ from tr_cli.store.acceptance_file import acceptance_path
 from tr_cli.store.atomic import STALE_TEMP_SECONDS, atomic_write, temp_files
 from tr_cli.store.matrix_file import MatrixFile, is_matrix_name, read_matrix
 from tr_cli.store.paths import seed_dir
-from tr_cli.store.recycled_file import StoreFile, read_store, store_path
+from tr_cli.store.recycled_file import RecycledStoreFile, read_recycled_store, recycled_store_path
 
 pytestmark = [
     pytest.mark.slow,
@@ -195,7 +195,7 @@ class Stored:
     """The state files of a TR_HOME as tr's own readers load them (None: no such file)."""
 
     matrix: MatrixFile | None
-    store: StoreFile | None
+    store: RecycledStoreFile | None
     acceptance: AcceptanceStats | None
     temps: list[Path]
     corrupt: list[Path]
@@ -204,10 +204,10 @@ class Stored:
 def stored(home: Path) -> Stored:
     """Raises (MatrixFileError, StoreFileError, ValueError) for a file that is there but not whole."""
     path = matrix_path(home)
-    files = (path, store_path(path), acceptance_path(path))
+    files = (path, recycled_store_path(path), acceptance_path(path))
     return Stored(
         read_matrix(path) if path.exists() else None,
-        read_store(files[1]) if files[1].exists() else None,
+        read_recycled_store(files[1]) if files[1].exists() else None,
         read_acceptance_counts(files[2]) if files[2].exists() else None,
         [tmp for file in files for tmp in temp_files(file)],
         sorted(path.parent.glob("*.corrupt-*")) if path.parent.exists() else [],
@@ -218,7 +218,7 @@ def seeded() -> Stored:
     """What a fresh TR_HOME starts from: the starter files shipped with tr."""
     return Stored(
         read_matrix(SEED),
-        read_store(store_path(SEED)),
+        read_recycled_store(recycled_store_path(SEED)),
         read_acceptance_counts(acceptance_path(SEED)),
         [],
         [],
@@ -274,7 +274,7 @@ class Trial:
 def run_trial(home: Path, trial: Trial, rng: random.Random) -> None:
     """Start `tr generate -n 64`, send the trial's signal at its milestone, check what is left."""
     matrix = matrix_path(home)
-    files = {"acceptance": acceptance_path(matrix), "matrix": matrix, "store": store_path(matrix)}
+    files = {"acceptance": acceptance_path(matrix), "matrix": matrix, "store": recycled_store_path(matrix)}
     name = rng.choice(sorted(files))
     lock = lock_of(files[name])
     trial.lock = name if trial.milestone == "save" else ""
@@ -367,7 +367,7 @@ def later_run_problems(home: Path) -> list[str]:
     now is young and stays."""
     matrix = matrix_path(home)
     matrix.parent.mkdir(parents=True, exist_ok=True)
-    files = (matrix, store_path(matrix), acceptance_path(matrix))
+    files = (matrix, recycled_store_path(matrix), acceptance_path(matrix))
     stale = [file.with_name(f".{file.name}.killed.tmp") for file in files]
     old = time.time() - STALE_TEMP_SECONDS - 60
     for path in [*stale, *stored(home).temps]:
@@ -532,7 +532,7 @@ def test_a_save_on_a_full_disk_is_one_warning_and_keeps_the_old_matrix(tmp_path,
     home = new_home(tmp_path / "home", gguf_cache)
     data = home / "data"
     data.mkdir()
-    originals = [SEED, store_path(SEED), acceptance_path(SEED), *calibration.glob("*.json")]
+    originals = [SEED, recycled_store_path(SEED), acceptance_path(SEED), *calibration.glob("*.json")]
     room = 1 << 20
     assert SEED.stat().st_size > room + (256 << 10)  # the matrix's temp file cannot fit
     size = sum(_pages(path.stat().st_size) for path in originals) + room
@@ -552,7 +552,7 @@ def test_a_save_on_a_full_disk_is_one_warning_and_keeps_the_old_matrix(tmp_path,
         for source in originals[3:]:
             shutil.copyfile(source, data / "calibration" / source.name)
         before = matrix.read_bytes()
-        documents = len(read_store(store_path(matrix)).documents)
+        documents = len(read_recycled_store(recycled_store_path(matrix)).documents)
 
         run = Tr(home, "generate", "-n", "16", "-p", PROMPTS[0])
         assert run.finish() == 0, run.err

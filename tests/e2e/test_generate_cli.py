@@ -116,10 +116,10 @@ def test_bad_options_are_one_line_errors(tmp_path):
         (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
         (["--dtype", "float8"], "unknown dtype"),
         (["--weights", "int3"], "--weights int3: unknown; use dense, int8, int4"),
-        (["--weights", "int8", "--dtype", "float32"], "--weights int8 computes in bfloat16"),
+        (["--weights", "int8", "--dtype", "float32"], "--weights int8: computes in bfloat16"),
         (["--device", "tpu"], "unknown device"),
-        (["--temperature", "-1"], "--temperature must be 0 (greedy) or more, got -1.0"),
-        (["--top-p", "2"], "--top-p must be between 0 and 1, got 2.0"),
+        (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or more"),
+        (["--top-p", "2"], "--top-p 2.0: must be between 0 and 1"),
     ]:
         out = run("generate", "-p", "hi", *args)
         assert out.returncode == 1, args

@@ -330,8 +330,8 @@ def test_complete_matrix(monkeypatch, tmp_path):
     monkeypatch.setenv("TR_HOME", str(tmp_path))
     monkeypatch.chdir(tmp_path)
     assert stored_matrices() == [] and [c for c in complete_matrix("") if c[1] == "stored matrix"] == []
-    store = tmp_path / "data" / "matrices"
-    store.mkdir(parents=True)
+    matrices = tmp_path / "data" / "matrices"
+    matrices.mkdir(parents=True)
     # The recycled store beside a matrix is not offered as one.
     for name in (
         "abc-v49152-k8.safetensors",
@@ -339,8 +339,8 @@ def test_complete_matrix(monkeypatch, tmp_path):
         "def-v32000-k8.safetensors",
         "notes.txt",
     ):
-        (store / name).write_bytes(b"")
-    paths = [str(store / "abc-v49152-k8.safetensors"), str(store / "def-v32000-k8.safetensors")]
+        (matrices / name).write_bytes(b"")
+    paths = [str(matrices / "abc-v49152-k8.safetensors"), str(matrices / "def-v32000-k8.safetensors")]
     assert stored_matrices() == paths
-    assert complete_matrix(str(store / "a")) == [(paths[0], "stored matrix")]
+    assert complete_matrix(str(matrices / "a")) == [(paths[0], "stored matrix")]
     assert ("smollm2", "packaged model") in complete_matrix("smo")  # a model names its stored matrix too

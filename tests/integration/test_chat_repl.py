@@ -18,6 +18,7 @@ from tr_cli.cli.chat_app import ChatApp
 from tr_cli.cli.interrupts import Interrupts
 from tr_cli.cli.prompt_session import make_prompt_session
 from tr_cli.core import TokenRecyclingDecoder
+from tr_cli.core.drafters import StoreLookupDrafter
 from tr_cli.core.sampling_config import SamplingConfig
 from tr_cli.engine.engine import Engine
 from tr_cli.models import context_limit
@@ -29,9 +30,9 @@ CTRL_C, CTRL_D = "\x03", "\x04"
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
-    from tr_cli.models import load_model
+    from tr_cli.models import Runtime, load_model
 
-    return load_model(str(tiny_llama_dir), device="cpu", dtype="float32", cache=cache_dir())
+    return load_model(str(tiny_llama_dir), Runtime.resolve("cpu", "float32"), cache=cache_dir())
 
 
 @pytest.fixture(autouse=True)
@@ -63,7 +64,9 @@ def make_app(
     store: bool = False,
 ):
     hot = HotMatrix.open(loaded.tokenizer, loaded.vocab_size, loaded.model_id, k=8, device=loaded.device)
-    decoder = TokenRecyclingDecoder(loaded.model, matrix=hot.matrix, store=hot.store if store else None)
+    decoder = TokenRecyclingDecoder(
+        loaded.model, matrix=hot.matrix, drafters=[StoreLookupDrafter(hot.store)] if store else []
+    )
     engine = Engine(loaded, SamplingConfig.greedy(), hot=hot, decoder=decoder)
     session = ChatSession(
         loaded.tokenizer,
@@ -399,7 +402,7 @@ def test_periodic_matrix_save(tiny):
 def test_the_conversation_joins_the_store_when_the_chat_ends(tiny):
     """Periodic saves keep the conversation going (its KV cache, one document); the final save
     adds it to the recycled store, both turns as one conversation."""
-    from tr_cli.store.recycled_file import read_store, store_path
+    from tr_cli.store.recycled_file import read_recycled_store, recycled_store_path
 
     app = make_app(tiny, store=True)
     app.save_every = 0.0
@@ -412,7 +415,7 @@ def test_the_conversation_joins_the_store_when_the_chat_ends(tiny):
     assert at_exit == []  # the conversation ended before the final save
     # One new conversation after whatever the store started with (the starter's, for this tokenizer).
     started = len(app.hot.store.documents) - 1
-    docs = read_store(store_path(app.hot.path)).documents
+    docs = read_recycled_store(recycled_store_path(app.hot.path)).documents
     assert len(docs) == started + 1 and docs[-1].tokens.tolist() == after_second
 
 

@@ -8,6 +8,7 @@ second turn continuing from the KV cache of the first.
 import pytest
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
+from tr_cli.core.drafters import DraftPlan
 
 from tiny_models import ARCHITECTURES, EOS, random_prompt, reference, tiny_model
 
@@ -71,7 +72,7 @@ def designed_run(model, prompts_seed: int = 200):
     from tr_cli.core.design.cost_model import CostModel
 
     cost = CostModel((1, 8, 32, 64), (0.010, 0.011, 0.014, 0.030))
-    decoder = TokenRecyclingDecoder(model, cost=cost, lookup_length=6)
+    decoder = TokenRecyclingDecoder(model, cost=cost, drafters=DraftPlan.of(None, {"lookup": 6}).drafters("cpu"))
     decoder.matrix_tree.auto.every = 3
     pairs, events = [], []
     for seed, (length, budget) in enumerate(CASES):
@@ -112,7 +113,9 @@ def test_no_draft_tree_is_plain_decoding(lookup):
     from tr_cli.core import PRESETS
 
     model = tiny_model("qwen2")
-    decoder = TokenRecyclingDecoder(model, tree=PRESETS["none"], lookup_length=lookup)
+    decoder = TokenRecyclingDecoder(
+        model, tree=PRESETS["none"], drafters=DraftPlan.of(PRESETS["none"], {"lookup": lookup}).drafters("cpu")
+    )
     for seed, (length, budget) in enumerate(CASES):
         ids = (random_prompt(4, 300 + seed) * 8)[: length + 4]
         decoder.reset()
@@ -137,7 +140,7 @@ def test_recycled_store_keeps_output_exact_stale_or_repeated(model):
     g = torch.Generator().manual_seed(5)
     for stamp in range(4):
         store.add(torch.randint(0, vocab, (300,), generator=g).tolist(), stamp)
-    decoder = TokenRecyclingDecoder(model, cost=cost, lookup_length=6, store=store)
+    decoder = TokenRecyclingDecoder(model, cost=cost, drafters=DraftPlan.of(None, {"lookup": 6}).drafters("cpu", store))
     source = decoder.drafters[2]
     for repeat in range(2):
         for seed, (length, budget) in enumerate(CASES):
@@ -159,7 +162,7 @@ def test_rewind_to_a_shared_prefix_continues_exactly(model, keep_from):
 
     cost = CostModel((1, 8, 32, 64), (0.010, 0.011, 0.014, 0.030))
     store = RecycledStore(model.get_output_embeddings().weight.shape[0])
-    decoder = TokenRecyclingDecoder(model, cost=cost, lookup_length=6, store=store)
+    decoder = TokenRecyclingDecoder(model, cost=cost, drafters=DraftPlan.of(None, {"lookup": 6}).drafters("cpu", store))
     first = random_prompt(20, 31)
     reply = decoder.generate(first, StopCondition.build(25, [EOS])).tokens
     held = first + reply

@@ -20,8 +20,8 @@ import pytest
 import torch
 import uvicorn
 
-from tr_cli.engine.choices import EngineOptions
 from tr_cli.engine.engine import Engine
+from tr_cli.engine.options import DecodingOptions
 from tr_cli.serve.app import create_app
 from tr_cli.serve.requests import ServedModel
 from tr_cli.serve.worker import DecodeWorker
@@ -60,7 +60,7 @@ def engine(tiny_llama_dir, tmp_path_factory):
     home = tmp_path_factory.mktemp("serve-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TR_HOME", str(home))
-        options = EngineOptions(model=str(tiny_llama_dir), device="cpu", dtype="float32")
+        options = DecodingOptions.parse(model=str(tiny_llama_dir), device="cpu", dtype="float32")
         yield Engine.open(options)
 
 

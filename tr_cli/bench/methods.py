@@ -11,18 +11,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core import StopCondition, TokenRecyclingDecoder
+from ..core import PRESETS, StopCondition, TokenRecyclingDecoder
+from ..core.drafters.plan import DraftPlan
 from ..core.events import StepTimings, mean_accepted_tokens
 from ..core.sampling_config import SamplingConfig
-from ..engine.choices import TreeChoice
 from ..engine.engine import Engine
-from ..errors import UserError
-from ..models.weights import WEIGHTS
+from ..engine.options import draft_plan
+from ..errors import SettingError
+from ..models.runtime import QUANTIZED_MODES, WeightsMode
 
 METHODS = ("baseline", "pld", "ar", "tr")
 PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
-# `METHOD@int8`: the method on a quantized copy of the model (models/weights.py), in the same run.
-VARIANT_WEIGHTS = tuple(w for w in WEIGHTS if w != "dense")
+# `ar`: our forward, one token per step (no drafts): what speculation alone adds.
+ONE_TOKEN = DraftPlan.of(PRESETS["none"])
 
 
 def split_weights(name: str) -> tuple[str, str | None]:
@@ -124,51 +125,81 @@ class TokenRecycling:
         return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings)
 
 
-def parse_methods(names: list[str]) -> list[str]:
-    """Known methods, plus `tr:TREE` variants (e.g. tr:paper, tr:auto, tr:none+lookup10), each
-    optionally `@int8`/`@int4`; raises UserError naming the first unknown one."""
-    for name in names:
-        base, weights = split_weights(name)
-        if base not in METHODS and not (base.startswith("tr:") and len(base) > 3):
-            raise UserError(
-                f"--methods: unknown method {name}; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper), "
-                f"optionally @{'/@'.join(VARIANT_WEIGHTS)}"
-            )
-        if weights is not None and weights not in VARIANT_WEIGHTS:
-            raise UserError(f"--methods {name}: unknown weights @{weights}; use @{' or @'.join(VARIANT_WEIGHTS)}")
-    if len(set(names)) != len(names):
-        raise UserError("--methods: a method is listed twice")
-    if not names:
-        raise UserError(f"--methods: no method given; choose from {', '.join(METHODS)}")
-    return names
+@dataclass(frozen=True)
+class Method:
+    """One method of a bench, parsed from its name: `tr`, `ar`, `tr:PLAN` (drafts as
+    drafters/plan.py reads them), `baseline` or `pld`, each optionally `@WEIGHTS`."""
 
+    name: str
+    plan: DraftPlan | None  # our decoder's drafts; None: transformers' generate
+    weights: WeightsMode | None = None  # None: the loaded model; else a quantized copy of it
 
-def variant_tree(name: str) -> tuple[str, int | None]:
-    """'tr:paper' -> ('paper', None); 'tr:auto+lookup0' -> ('auto', 0)."""
-    tree = name.split(":", 1)[1]
-    if "+lookup" in tree:
-        tree, _, length = tree.rpartition("+lookup")
+    @property
+    def prompt_lookup(self) -> bool:
+        return split_weights(self.name)[0] == "pld"
+
+    @property
+    def on_engine_decoder(self) -> bool:
+        """`tr` decodes on the engine's own decoder (the stored matrix); the others on copies."""
+        return self.name == "tr"
+
+    @classmethod
+    def parse(cls, name: str, plan: DraftPlan, k: int) -> Method:
+        """`name` as a method; `plan` is what `tr` drafts (the command's tree and sources)."""
+        base, weights_name = split_weights(name)
         try:
-            return tree, int(length)
-        except ValueError:
-            raise UserError(f"--methods {name}: the lookup length must be a number, e.g. tr:paper+lookup10") from None
-    return tree, None
+            weights = None if weights_name is None else WeightsMode.parse(weights_name)
+            if weights is not None and weights.dense:
+                raise SettingError("weights", weights_name, "a variant's weights are quantized")
+            if base in ("baseline", "pld"):
+                return cls(name, None, weights)
+            if base == "ar":
+                return cls(name, ONE_TOKEN, weights)
+            if base == "tr":
+                return cls(name, plan, weights)
+            if base.startswith("tr:") and len(base) > 3:
+                return cls(name, draft_plan(base[3:], k), weights)
+        except SettingError as exc:
+            raise SettingError("methods", name, f"{exc.setting} {exc.value}: {exc.reason}") from None
+        raise SettingError(
+            "methods",
+            name,
+            f"unknown method; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper, tr:auto+lookup0), "
+            f"optionally @{'/@'.join(mode.name for mode in QUANTIZED_MODES)}",
+        )
 
 
-def make_runners(engine: Engine, methods: list[str], variants: dict[str, TreeChoice]) -> tuple[dict, dict[str, str]]:
+def parse_methods(names: list[str], plan: DraftPlan, k: int) -> list[Method]:
+    """The methods named, in order; SettingError names the first that is unknown."""
+    if not names:
+        raise SettingError("methods", "''", f"no method given; choose from {', '.join(METHODS)}")
+    if len(set(names)) != len(names):
+        raise SettingError("methods", ",".join(names), "a method is listed twice")
+    return [Method.parse(name, plan, k) for name in names]
+
+
+def make_runners(engine: Engine, methods: list[Method]) -> tuple[dict, dict[str, str]]:
     """Each method's runner, in the given order, and the drafts of our decoders. `tr` decodes on
-    the engine's decoder (the store's matrix); `ar`, `tr:TREE` and `@WEIGHTS` variants on copies
-    of the matrix, so they neither help one another nor change the store; `@WEIGHTS` ones on the
-    engine's quantized copy of the model."""
+    the engine's decoder (the stored matrix); `ar`, `tr:PLAN` and `@WEIGHTS` variants on copies
+    of the matrix, so they neither help one another nor change the recycled store; `@WEIGHTS`
+    ones on the engine's quantized copy of the model."""
     runners, drafts = {}, {}
     eos = engine.loaded.eos_token_ids
-    for name in methods:
-        base, weights = split_weights(name)
-        model = engine.loaded.model if weights is None else engine.quantized_model(weights)
-        if name == "tr" or name in variants:
-            decoder = engine.decoder if name == "tr" else engine.make_decoder(variants[name], fork=True, model=model)
-            runners[name] = TokenRecycling(decoder, eos).run
-            drafts[name] = decoder.describe()
+    for method in methods:
+        model = model_of(engine, method)
+        if method.plan is not None:
+            decoder = (
+                engine.decoder if method.on_engine_decoder else engine.make_decoder(method.plan, fork=True, model=model)
+            )
+            runners[method.name] = TokenRecycling(decoder, eos).run
+            drafts[method.name] = decoder.describe()
         else:
-            runners[name] = HFGenerate(model, eos, prompt_lookup=base == "pld", sampling=engine.sampling).run
+            runners[method.name] = HFGenerate(
+                model, eos, prompt_lookup=method.prompt_lookup, sampling=engine.sampling
+            ).run
     return runners, drafts
+
+
+def model_of(engine: Engine, method: Method) -> torch.nn.Module:
+    """The model a method runs on: the loaded one, or its quantized copy."""
+    return engine.loaded.model if method.weights is None else engine.quantized_model(method.weights)

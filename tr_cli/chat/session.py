@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..core import StepEvent, StopCondition, TokenRecyclingDecoder
 from ..core.events import GenerationResult, GenerationStats, track
-from ..core.stopping import context_room
+from ..core.stopping import NoRoomForReply, reply_budget
 from ..text.conversation import ConversationEncoder, Prompt, TemplateError
 from .commands import SHOW_TOPICS
 from .errors import CommandError, ContextFull
@@ -65,7 +65,6 @@ class ChatSession:
         self._held = ""  # the text the decoder's tokens stand for (template mode)
         self._stale = False  # decoder state no longer matches the messages: re-prefill next turn
         self.piped = False  # messages come from stdin, not a person at a prompt (errors advise accordingly)
-        self.apply_sampling()
 
     @property
     def templated(self) -> bool:
@@ -82,8 +81,9 @@ class ChatSession:
         self._stale = False
 
     def apply_sampling(self) -> None:
-        """Give the decoder the settings' sampling (merged with the model's generation config);
-        a seeded stream starts again from its seed."""
+        """Give the decoder the settings' sampling (merged with the model's generation config),
+        after a /set: until then the decoder samples as it was built to (the engine resolved the
+        same settings); a seeded stream starts again from its seed."""
         self.decoder.set_sampling(self.settings.sampling_config(getattr(self.decoder.model, "generation_config", None)))
 
     def set_system(self, text: str | None) -> None:
@@ -126,19 +126,16 @@ class ChatSession:
             raise CommandError(str(exc)) from None
 
     def _budget(self, n_input: int, rebuild: bool) -> int:
-        wanted = self.settings.max_new_tokens
         held = 0 if rebuild else len(self.decoder.tokens)
-        room = context_room(self.max_positions, held, n_input, self.decoder.max_depth)
-        if room is None:
-            return wanted
-        if room < 1:
+        try:
+            return reply_budget(self.settings.max_new_tokens, self.max_positions, held, n_input, self.decoder.max_depth)
+        except NoRoomForReply:
             raise ContextFull(
                 self.max_positions,
                 piped=self.piped,
                 earlier_messages=sum(m["role"] == "user" for m in self.messages),
                 system=bool(self.system),
-            )
-        return min(wanted, room)
+            ) from None
 
     def reply(self, user_text: str, stop_requested: Callable[[], bool] | None = None) -> Iterator[StepEvent]:
         """Send a user message; yields the decoder's step events. Between events (the cache is

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from ..core.sampling_config import SamplingConfig, SamplingRequest, check_settings
+from ..core.errors import SettingError
+from ..core.sampling_config import SamplingConfig, SamplingRequest
+from ..engine.options import DEFAULT_MAX_NEW_TOKENS
 from .errors import CommandError
 
 LIVE_MODES = ("path", "tree", "off")
@@ -17,21 +19,16 @@ _FALSE = {"off", "false", "no", "0"}
 
 @dataclass
 class Settings:
-    max_new_tokens: int = 512
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     live: str = "path"
     verbose: bool = False
-    # Sampling as the user asked for it (None: not given; the model's generation config, else
-    # transformers' default, applies). Greedy unless wants_sampling() says otherwise.
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
+    # Sampling as the user asked for it (a field None: not given; the model's generation config,
+    # else transformers' default, applies). Greedy unless it asks for sampling.
+    sampling: SamplingRequest = field(default_factory=SamplingRequest)
 
     def sampling_config(self, generation_config: object | None) -> SamplingConfig:
         """What the decoder samples with (greedy when no sampling was asked for)."""
-        request = SamplingRequest(self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed)
-        return request.resolve(generation_config)
+        return self.sampling.resolve(generation_config)
 
     def _set_sampling(self, key: str, value: str) -> str:
         lowered = value.lower()
@@ -40,17 +37,17 @@ class Settings:
                 f"usage: /set {key} VALUE ({'a number or random' if key == 'seed' else 'a number or default'})"
             )
         if (key == "seed" and lowered in ("random", "none")) or (key != "seed" and lowered in ("default", "none")):
-            setattr(self, key, None)
+            self.sampling = replace(self.sampling, **{key: None})
             return f"{key} = {'random' if key == 'seed' else 'default'}"
         whole = key in ("top_k", "seed")
         try:
             number = int(value) if whole else float(value)
         except ValueError:
             raise CommandError(f"{key} takes {'a whole number' if whole else 'a number'}, got {value!r}") from None
-        problem = check_settings(**{key: number})
-        if problem:
-            raise CommandError(problem)
-        setattr(self, key, number)
+        try:
+            self.sampling = replace(self.sampling, **{key: number})
+        except SettingError as exc:
+            raise CommandError(f"{key} {exc.reason}, got {number}") from None
         return f"{key} = {number:g}" if not whole else f"{key} = {number}"
 
     def set(self, key: str, value: str) -> str:

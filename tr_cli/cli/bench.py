@@ -5,30 +5,30 @@ from __future__ import annotations
 import io
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import torch
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
 from ..bench.distribution import check_tokens
-from ..bench.methods import make_runners, parse_methods, split_weights, variant_tree
+from ..bench.methods import Method, make_runners, model_of, parse_methods
 from ..bench.metrics import summarize
 from ..bench.report import FORMATS, environment, environment_line, render_passes, rows, sampled
 from ..bench.runner import conversation_turns, over_context, run_bench
-from ..engine.choices import TreeChoice
 from ..engine.engine import Engine
+from ..engine.options import DecodingOptions
 from ..errors import UserError, first_line
 from ..models import device_name
 from ..text.conversation import ConversationEncoder
 from ..text.prompts import SAMPLE, PromptRecord, load_prompts, select_prompts
-from . import options as opt
-from .console import note, stderr, warn
-from .options import engine_options, sampling_request, tree_choice
+from .console import note, progress_bar, warn
+from .options import decoding_options
 from .setup import open_engine, save_state
 
 PIPED_WIDTH = 220  # a pipe or file has no width: give the table room instead of Rich's 80 columns
@@ -41,7 +41,6 @@ PromptsFile = Annotated[
         "Default: the bundled sample.",
     ),
 ]
-ModelOption = Annotated[str | None, typer.Option("--model", "-m", help="Model (default: the packaged smollm2).")]
 Methods = Annotated[
     str,
     typer.Option(
@@ -73,29 +72,10 @@ Passes = Annotated[
 ]
 Format = Annotated[str, typer.Option("--format", help="table, md, csv or json.")]
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report here instead of stdout.")]
-BenchSeed = Annotated[
-    int, typer.Option("--seed", help="Seed of every method's sampling (greedy decoding does not depend on it).")
-]
 
 
 def _split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
-
-
-def _variants(methods: list[str], k: int, tree: str, lookup: int | None) -> dict[str, TreeChoice]:
-    """The drafts of `ar`, each `tr:TREE` and each `tr@WEIGHTS` method (--tree/--lookup), checked
-    like --tree."""
-    variants = {}
-    for name in methods:
-        base, weights = split_weights(name)
-        if base.startswith("tr:"):
-            variant, length = variant_tree(base)
-            variants[name] = tree_choice(variant, k, length)
-        elif base == "ar":
-            variants[name] = tree_choice("none", k, 0)
-        elif base == "tr" and weights is not None:
-            variants[name] = tree_choice(tree, k, lookup)
-    return variants
 
 
 def _select(
@@ -109,14 +89,10 @@ def _select(
     return records
 
 
+@decoding_options(model="option")
 def bench(
     prompts_file: PromptsFile = SAMPLE,
-    model: ModelOption = None,
     methods: Methods = "baseline,pld,tr",
-    tree: opt.Tree = "auto",
-    lookup: opt.Lookup = None,
-    k: opt.K = 8,
-    max_new_tokens: opt.MaxNewTokens = 256,
     limit: Limit = None,
     per_category: PerCategory = None,
     categories: Categories = None,
@@ -124,73 +100,51 @@ def bench(
     warmup: Warmup = 1,
     repeats: Repeats = 1,
     passes: Passes = 1,
-    matrix: opt.MatrixPath = None,
-    cold: opt.Cold = False,
-    no_save: opt.NoSave = False,
-    device: opt.Device = "auto",
-    dtype: opt.Dtype = "auto",
-    weights: opt.Weights = "dense",
     fmt: Format = "table",
     output: Output = None,
-    temperature: opt.Temperature = None,
-    top_p: opt.TopP = None,
-    top_k: opt.TopK = None,
-    repetition_penalty: opt.RepetitionPenalty = None,
-    seed: BenchSeed = 0,
+    *,
+    options: DecodingOptions,
 ) -> None:
     """Benchmark Token Recycling against transformers generate (greedy, or sampling with --temperature)
     and prompt lookup decoding."""
-    chosen = parse_methods(_split(methods))
-    variants = _variants(chosen, k, tree, lookup)
+    chosen = parse_methods(_split(methods), options.drafts, options.k)
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose table, md, csv or json")
     if turns not in ("1", "all"):
         raise UserError(f"--turns {turns}: use 1 or all")
     _check_output(output)
-    options = engine_options(
-        model=model,
-        device=device,
-        dtype=dtype,
-        weights=weights,
-        tree=tree,
-        lookup=lookup,
-        k=k,
-        matrix=matrix,
-        cold=cold,
-        no_save=no_save,
-        sampling=sampling_request(temperature, top_p, top_k, repetition_penalty, seed),
-    )
     records = _select(prompts_file, categories, per_category, limit)
+    # Every method samples from one seeded stream (greedy decoding does not depend on it).
+    seed = options.sampling.seed if options.sampling.seed is not None else 0
+    options = replace(options, sampling=replace(options.sampling, seed=seed))
+    max_new_tokens = options.max_new_tokens
 
-    decoding = "tr" in chosen or bool(variants)
-    engine = open_engine(options, matrix=decoding, decoder="tr" in chosen)
+    decoding = any(method.plan is not None for method in chosen)
+    engine = open_engine(options, matrix=decoding, decoder=any(method.on_engine_decoder for method in chosen))
     encoder = ConversationEncoder(engine.loaded.tokenizer)
     records, skipped = _fit_context(records, engine, encoder, max_new_tokens, turns, prompts_file)
     torch.manual_seed(seed)  # transformers' sampling draws from torch's global generator
-    runners, drafts = make_runners(engine, chosen, variants)
-    loaded, sampling = engine.loaded, engine.sampling
-
-    def model_of(method: str) -> torch.nn.Module:
-        weights = split_weights(method)[1]
-        return loaded.model if weights is None else engine.quantized_model(weights)
+    runners, drafts = make_runners(engine, chosen)
+    by_name: dict[str, Method] = {method.name: method for method in chosen}
+    sampling = engine.sampling
 
     # Sampled outputs differ by chance: instead of comparing tokens, score each method's tokens
     # under the model's distribution (untimed; bench/distribution.py).
     check = None
     if not sampling.is_greedy:
-        check = lambda name, ids, tokens: check_tokens(model_of(name), sampling, ids, tokens)  # noqa: E731
+        check = lambda name, ids, tokens: check_tokens(model_of(engine, by_name[name]), sampling, ids, tokens)  # noqa: E731
+    # How every prompt is run: recorded in the report and handed to run_bench as they are.
+    schedule = {"max_new_tokens": max_new_tokens, "turns": turns, "repeats": repeats}
     env = _environment(
         engine,
         drafts,
-        methods=chosen,
-        k=k,
-        max_new_tokens=max_new_tokens,
+        seed,
+        methods=[method.name for method in chosen],
+        k=options.k,
         prompts_file=prompts_file,
-        turns=turns,
         warmup=warmup,
-        repeats=repeats,
-        seed=seed,
         skipped=skipped,
+        **schedule,
     )
     reports = []
     try:
@@ -201,7 +155,7 @@ def bench(
                 env["matrix"] = f"warmed on the same prompts by pass {number - 1} (a repeated workload)"
             # Warm-up prompts only before the first pass: later passes start warm by design.
             first = warmup if number == 1 else 0
-            results = _run(runners, records, encoder, max_new_tokens, turns, repeats, first, check)
+            results = _run(runners, records, encoder, check, warmup=first, **schedule)
             reports.append(summarize(results, env, sampled=not sampling.is_greedy))
     finally:
         save_state(engine)
@@ -258,7 +212,7 @@ def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> di
         device=str(loaded.device),
         device_name=device_name(loaded.device),
         dtype=loaded.dtype_name,
-        weights=loaded.weights,
+        weights=loaded.weights.name,
         tree=drafts.get("tr"),
         trees=drafts or None,
         matrix=hot.describe() if hot else "unused",
@@ -269,16 +223,9 @@ def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> di
     )
 
 
-def _run(runners, records, encoder: ConversationEncoder, max_new_tokens, turns, repeats, warmup, check):
+def _run(runners, records, encoder: ConversationEncoder, check, **schedule):
     """run_bench under a progress bar with the running speedups."""
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr,
-        transient=True,
-    ) as bar:
+    with progress_bar(TimeElapsedColumn()) as bar:
         task = bar.add_task("warming up", total=len(records))
 
         def progress(index: int, method: str, speedups: dict[str, float]) -> None:
@@ -291,12 +238,9 @@ def _run(runners, records, encoder: ConversationEncoder, max_new_tokens, turns, 
             records,
             encode=conversation_turns(encoder),
             decode=lambda ids: encoder.tokenizer.decode(ids, skip_special_tokens=True),
-            max_new_tokens=max_new_tokens,
-            turns=turns,
-            repeats=repeats,
-            warmup=warmup,
             progress=progress,
             check=check,
+            **schedule,
         )
 
 

@@ -18,12 +18,12 @@ from rich.console import Console
 
 from ..chat.session import ChatSession
 from ..chat.settings import LIVE_MODES, Settings
+from ..engine.options import DecodingOptions
 from ..errors import UserError
 from ..text.input_text import read_input
-from . import options as opt
 from .chat_app import ChatApp
 from .console import note, stderr
-from .options import engine_options, sampling_request
+from .options import decoding_options
 from .prompt_session import make_prompt_session
 from .setup import open_engine
 
@@ -41,7 +41,6 @@ def _complete_live(incomplete: str) -> list[str]:
 
 
 System = Annotated[str | None, typer.Option("--system", help="System prompt of the conversation.")]
-MaxReply = Annotated[int, typer.Option("--max-new-tokens", "-n", min=1, help="Longest reply, in tokens.")]
 Live = Annotated[
     str,
     typer.Option(
@@ -57,46 +56,20 @@ EachLine = Annotated[
 ]
 
 
+@decoding_options()
 def chat(
-    model: opt.ModelArgument = None,
     system: System = None,
-    max_new_tokens: MaxReply = 512,
-    tree: opt.Tree = "auto",
-    lookup: opt.Lookup = None,
-    k: opt.K = 8,
     live: Live = "path",
     no_color: NoColor = False,
     each_line: EachLine = False,
-    temperature: opt.Temperature = None,
-    top_p: opt.TopP = None,
-    top_k: opt.TopK = None,
-    repetition_penalty: opt.RepetitionPenalty = None,
-    seed: opt.Seed = None,
-    matrix: opt.MatrixPath = None,
-    cold: opt.Cold = False,
-    no_save: opt.NoSave = False,
-    device: opt.Device = "auto",
-    dtype: opt.Dtype = "auto",
-    weights: opt.Weights = "dense",
+    *,
+    options: DecodingOptions,
 ) -> None:
     """Chat with a model: multi-turn from the KV cache, live view of each decode step, slash commands."""
     if no_color:
         stderr.no_color = True
     if live not in LIVE_MODES:
         raise UserError(f"--live {live}: use one of {', '.join(LIVE_MODES)}")
-    options = engine_options(
-        model=model,
-        device=device,
-        dtype=dtype,
-        weights=weights,
-        tree=tree,
-        lookup=lookup,
-        k=k,
-        matrix=matrix,
-        cold=cold,
-        no_save=no_save,
-        sampling=sampling_request(temperature, top_p, top_k, repetition_penalty, seed),
-    )
     messages: list[str] | None = None
     if sys.stdin is None or not (sys.stdin.isatty() and sys.stdout.isatty()):
         if sys.stdin is not None and sys.stdin.isatty():
@@ -107,15 +80,7 @@ def chat(
 
     engine = open_engine(options, banner=False)  # the chat prints it (with the template notice)
     loaded = engine.loaded
-    settings = Settings(
-        max_new_tokens=max_new_tokens,
-        live=live,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        repetition_penalty=repetition_penalty,
-        seed=seed,
-    )
+    settings = Settings(max_new_tokens=options.max_new_tokens, live=live, sampling=options.sampling)
     session = ChatSession(
         loaded.tokenizer,
         engine.decoder,

@@ -10,6 +10,7 @@ import sys
 from typing import TextIO
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn
 from rich.text import Text
 
 from ..core.errors import TrError
@@ -64,3 +65,11 @@ def _discard(stream: TextIO) -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, stream.fileno())
         os.close(devnull)
+
+
+def progress_bar(clock: ProgressColumn) -> Progress:
+    """A transient progress bar on stderr: the task's description, the bar, done/total and `clock`
+    (time elapsed or remaining)."""
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), clock, console=stderr, transient=True
+    )

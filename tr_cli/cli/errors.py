@@ -15,9 +15,11 @@ import signal
 import typer
 from typer.core import TyperGroup
 
-from ..errors import TrError, first_line
+from ..errors import SettingError, TrError, first_line
+from ..store.remedies import FixableError
 from .console import OutputError, error, stderr
 from .interrupts import Terminated, terminating_signals
+from .store_errors import in_flag_words
 
 EXIT_ERROR = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -30,6 +32,27 @@ def _command_line_flow(exc: BaseException) -> bool:
     return type(exc).__module__.split(".")[0] in ("typer", "click")
 
 
+# Settings whose flag is not `--` + their name.
+_FLAGS = {"model": "MODEL", "save": "--no-save"}
+
+
+def flag(setting: str) -> str:
+    """The command-line spelling of a setting: 'top_p' -> '--top-p'."""
+    return _FLAGS.get(setting, "--" + setting.replace("_", "-"))
+
+
+def message(exc: TrError) -> str:
+    """The one line a command prints for `exc`; a setting, or a remedy of stored state, is named
+    as its flag."""
+    if isinstance(exc, FixableError):
+        return str(in_flag_words(exc))
+    if isinstance(exc, SettingError):
+        if exc.value == "":  # nothing to quote: 'MODEL is empty; ...'
+            return f"{flag(exc.setting)} {exc.reason}"
+        return f"{flag(exc.setting)} {exc.value}: {exc.reason}"
+    return str(exc)
+
+
 class ErrorBoundary(TyperGroup):
     """The app's command group: runs the chosen command, translating what it raises."""
 
@@ -40,7 +63,7 @@ class ErrorBoundary(TyperGroup):
         except TrError as exc:
             if isinstance(exc, OutputError) and exc.reader_left:  # `tr generate | head`: quiet, as any tool
                 raise typer.Exit(EXIT_READER_LEFT) from None
-            error(str(exc))
+            error(message(exc))
             raise typer.Exit(EXIT_ERROR) from None
         except Terminated as exc:
             stderr.print(f"terminated ({exc})")

@@ -13,17 +13,17 @@ from rich.text import Text
 from ..core import GenerationResult, GenerationStats, StopCondition, track
 from ..core.events import tokens_per_second
 from ..core.sampling_config import SamplingConfig
-from ..core.stopping import context_room
+from ..core.stopping import NoRoomForReply, reply_budget
+from ..engine.options import DecodingOptions
 from ..errors import UserError
 from ..models import LoadedModel
 from ..text.conversation import encode_prompt
 from ..text.input_text import checked_input, read_input
 from ..text.prompts import sample_prompts
 from ..text.streaming import IncrementalDecoder
-from . import options as opt
 from .console import note, stderr, write_out
 from .live_view import step_split
-from .options import engine_options, sampling_request
+from .options import decoding_options
 from .setup import open_engine, save_state
 
 Prompt = Annotated[
@@ -40,41 +40,15 @@ Compare = Annotated[
 ]
 
 
+@decoding_options()
 def generate(
-    model: opt.ModelArgument = None,
     prompt: Prompt = None,
-    max_new_tokens: opt.MaxNewTokens = 256,
-    tree: opt.Tree = "auto",
-    lookup: opt.Lookup = None,
-    k: opt.K = 8,
     stop_strings: StopStrings = [],  # noqa: B006 - Typer's way of declaring a repeatable option
     compare: Compare = False,
-    temperature: opt.Temperature = None,
-    top_p: opt.TopP = None,
-    top_k: opt.TopK = None,
-    repetition_penalty: opt.RepetitionPenalty = None,
-    seed: opt.Seed = None,
-    matrix: opt.MatrixPath = None,
-    cold: opt.Cold = False,
-    no_save: opt.NoSave = False,
-    device: opt.Device = "auto",
-    dtype: opt.Dtype = "auto",
-    weights: opt.Weights = "dense",
+    *,
+    options: DecodingOptions,
 ) -> None:
     """Generate a reply to one prompt with Token Recycling and print its stats."""
-    options = engine_options(
-        model=model,
-        device=device,
-        dtype=dtype,
-        weights=weights,
-        tree=tree,
-        lookup=lookup,
-        k=k,
-        matrix=matrix,
-        cold=cold,
-        no_save=no_save,
-        sampling=sampling_request(temperature, top_p, top_k, repetition_penalty, seed),
-    )
     if prompt == "-":
         prompt = read_input(sys.stdin, "--prompt -")
     elif prompt is None:
@@ -87,7 +61,7 @@ def generate(
     engine = open_engine(options)
     loaded, decoder = engine.loaded, engine.decoder
     input_ids = encode_prompt(loaded.tokenizer, prompt)
-    max_new_tokens = _fit_context(max_new_tokens, len(input_ids), loaded.context_length, decoder.max_depth)
+    max_new_tokens = _fit_context(options.max_new_tokens, len(input_ids), loaded.context_length, decoder.max_depth)
     stop = StopCondition.build(
         max_new_tokens,
         loaded.eos_token_ids,
@@ -120,19 +94,19 @@ def generate(
         )
 
 
-def _fit_context(max_new_tokens: int, prompt_tokens: int, context: int | None, max_depth: int) -> int:
+def _fit_context(wanted: int, prompt_tokens: int, context: int | None, max_depth: int) -> int:
     """Refuse a prompt the model's context cannot hold before any forward (a 25k-token prompt on an
     8k model used to run for minutes and print garbage); clamp the budget to what is left."""
-    room = context_room(context, 0, prompt_tokens, max_depth)
-    if room is None or room >= max_new_tokens:
-        return max_new_tokens
-    if room < 1:
+    try:
+        budget = reply_budget(wanted, context, 0, prompt_tokens, max_depth)
+    except NoRoomForReply:
         raise UserError(
             f"the prompt has {prompt_tokens:,} tokens; the model's context holds {context:,} "
             f"({max_depth} more are needed for drafts): shorten the prompt"
-        )
-    note(f"--max-new-tokens {max_new_tokens} clamped to {room}: what the model's context of {context:,} tokens leaves")
-    return room
+        ) from None
+    if budget < wanted:
+        note(f"--max-new-tokens {wanted} clamped to {budget}: what the model's context of {context:,} tokens leaves")
+    return budget
 
 
 def stats_summary(stats: GenerationStats) -> str:

@@ -1,56 +1,51 @@
-"""`tr matrix init | inspect | export | import | list`: manage the hot-start matrices and the
-recycled stores kept beside them (`<matrix stem>.store.safetensors`)."""
+"""`tr matrix init | inspect | export | import | list`: manage the matrix files in the data dir and
+the recycled stores kept beside them (`<matrix stem>.store.safetensors`). Arguments in, store
+calls (tr_cli/store/: matrix_pair.py, transfer.py), lines out."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-from dataclasses import replace as with_changes
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from ..core.matrix import filled_rows
+from ..core.matrix import DEFAULT_K, new_matrix
 from ..core.matrix_init import fill_from_token_lists
-from ..core.recycled_store import RecycledStore
-from ..engine.choices import EngineOptions
+from ..engine.options import DecodingOptions
 from ..errors import MatrixFileError, StoreFileError, UserError
 from ..models import load_tokenizer
-from ..store.atomic import locked
 from ..store.matrix_file import (
-    STORE_SUFFIX,
     SUFFIX,
     MatrixFile,
+    MatrixOwner,
     check_compatible,
-    copy_matrix_file,
-    default_path,
     list_matrices,
     read_matrix,
     tokenizer_fingerprint,
-    write_matrix,
+)
+from ..store.matrix_pair import (
+    check_rebuild,
+    is_recycled_store_name,
+    matrix_path_of,
+    write_built_matrix,
+    write_corpus_recycled_store,
 )
 from ..store.paths import cache_dir
-from ..store.recycled_file import (
-    StoreFile,
-    StoreMeta,
-    copy_store_file,
-    merge_documents,
-    read_store,
-    store_path,
-    with_fingerprint,
-    write_store,
-)
-from ..store.timestamps import iso, now_us
-from ..text.corpus import read_corpus, token_lists
+from ..store.recycled_file import read_recycled_store, recycled_store_path
+from ..store.remedies import Remedy
+from ..store.timestamps import iso
+from ..store.transfer import check_export_target, export_pair, plan_import, read_import
+from ..text.corpus import CorpusError, CorpusText, read_corpus, token_lists
 from . import options as opt
 from .completion import complete_matrix
-from .console import stderr
+from .console import progress_bar, stderr
 from .setup import open_engine
+from .store_errors import flag_words
 
 Sources = Annotated[
     list[Path], typer.Option("--from", help="Text files or prompt JSONL files (default: the bundled sample prompts).")
@@ -84,11 +79,15 @@ app = typer.Typer(help="Manage the hot-start matrices (one per tokenizer, kept a
 stdout = Console(highlight=False, soft_wrap=True)
 
 
-def _store_path_for(model: str | None, k: int) -> tuple[Path, object, int, str, str]:
-    """Default matrix path of a model, with its tokenizer, vocab size, fingerprint and id."""
+class ModelMatrix(NamedTuple):
+    tokenizer: object
+    owner: MatrixOwner
+
+
+def _model_matrix(model: str | None, k: int) -> ModelMatrix:
+    """A model's tokenizer and the matrix file it owns in the data dir."""
     tokenizer, vocab_size, source = load_tokenizer(model, cache=cache_dir())
-    fingerprint = tokenizer_fingerprint(tokenizer)
-    return default_path(fingerprint, vocab_size, k), tokenizer, vocab_size, fingerprint, source.model_id
+    return ModelMatrix(tokenizer, MatrixOwner.of(tokenizer, vocab_size, k, source.model_id))
 
 
 def _read(path: Path, what: str) -> MatrixFile:
@@ -98,73 +97,46 @@ def _read(path: Path, what: str) -> MatrixFile:
         raise MatrixFileError(f"{exc}; {what}") from None
 
 
+def _read_corpus(sources: list[Path]) -> list[CorpusText]:
+    try:
+        return read_corpus(sources)
+    except CorpusError as exc:
+        raise UserError(f"--from {exc.path}: {exc.reason}" if exc.path else f"--from: {exc.reason}") from None
+
+
 @app.command()
 def init(
     model: opt.ModelArgument = None,
     sources: Sources = [],  # noqa: B006 - Typer's way of declaring a repeatable option
     force: Force = False,
-    k: opt.K = 8,
+    k: opt.K = DEFAULT_K,
     matrix: MatrixTarget = None,
     device: opt.Device = "auto",
     dtype: opt.Dtype = "auto",
 ) -> None:
     """Build a matrix by running the model over text (prefill; each position's top-k into its token's row),
     and its recycled store from the same text (each text block or prompt one document)."""
-    texts = read_corpus(sources)  # validated before the model loads
-    loaded = open_engine(
-        EngineOptions(model=model, device=device, dtype=dtype, k=k), matrix=False, decoder=False, banner=False
-    ).loaded
-    fingerprint = tokenizer_fingerprint(loaded.tokenizer)
-    path = matrix or default_path(fingerprint, loaded.vocab_size, k)
-    if path.exists() and not force:
-        raise UserError(f"{path}: a matrix already exists ({_summary(path)}); pass --force to rebuild it")
-    if store_path(path).exists() and not force:
-        raise UserError(f"{store_path(path)}: a recycled store already exists; pass --force to rebuild it")
+    texts = _read_corpus(sources)  # validated before the model loads
+    options = DecodingOptions.parse(model=model, device=device, dtype=dtype, k=k)
+    loaded = open_engine(options, matrix=False, decoder=False, banner=False).loaded
+    owner = MatrixOwner.of(loaded.tokenizer, loaded.vocab_size, k, loaded.model_id)
+    path = matrix or owner.default_path
+    with flag_words():
+        check_rebuild(path, overwrite=force)
     ids = token_lists(loaded.tokenizer, texts)
-    data = MatrixFile.empty(loaded.vocab_size, k, fingerprint, loaded.model_id)
-    live = data.matrix.to(loaded.device)
+    live = new_matrix(loaded.vocab_size, k, loaded.device)
     total = sum(len(chunk) for chunk in ids)
-    with Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeRemainingColumn(),
-        console=stderr,
-        transient=True,
-    ) as progress:
+    with progress_bar(TimeRemainingColumn()) as progress:
         task = progress.add_task(f"Prefilling {len(texts)} texts", total=total)
         fill_from_token_lists(loaded.model, live, ids, progress=lambda n: progress.advance(task, n))
-    data.matrix = live.cpu()
-    filled = filled_rows(data.matrix)
-    data.stamps[filled] = now_us()
-    data.meta = with_changes(data.meta, update_count=data.rows_filled)
-    with locked(path):
-        write_matrix(path, data)
+    data = write_built_matrix(path, live, owner)
     stderr.print(
         Text(f"matrix: {data.rows_filled:,} of {loaded.vocab_size:,} rows filled from {total:,} tokens → {path}")
     )
-    store = _corpus_store(loaded.vocab_size, ids)
-    target = store_path(path)
-    with locked(target):
-        write_store(target, StoreFile(StoreMeta(loaded.vocab_size, fingerprint, loaded.model_id), store.documents))
-    stderr.print(Text(f"store: {len(store.documents):,} texts ({store.total_tokens:,} tokens) → {target}"))
-
-
-def _corpus_store(vocab_size: int, ids: list[list[int]]) -> RecycledStore:
-    """One document per text, stamped in corpus order (distinct stamps: a later merge keeps all)."""
-    store = RecycledStore(vocab_size)
-    start = now_us()
-    for offset, tokens in enumerate(ids):
-        store.add(tokens, start + offset)  # too-short texts are skipped: they teach nothing
-    return store
-
-
-def _summary(path: Path) -> str:
-    try:
-        meta = read_matrix(path).meta
-        return f"{meta.update_count:,} row updates, last {iso(meta.updated_us)}"
-    except MatrixFileError:
-        return "unreadable"
+    target, recycled = write_corpus_recycled_store(path, ids, owner)
+    stderr.print(
+        Text(f"recycled store: {len(recycled.documents):,} texts ({recycled.total_tokens:,} tokens) → {target}")
+    )
 
 
 @app.command()
@@ -173,12 +145,12 @@ def inspect(
     model: TokenizerModel = None,
     tokens: Tokens = [],  # noqa: B006 - Typer's way of declaring a repeatable option
     as_json: AsJson = False,
-    k: opt.K = 8,
+    k: opt.K = DEFAULT_K,
 ) -> None:
     """Show a matrix: where, how big, whose, how full, and the candidates for given tokens."""
     tokenizer = None
-    if target and target.endswith(STORE_SUFFIX):
-        raise UserError(f"{target}: a recycled store; pass the matrix beside it ({_matrix_of(target)})")
+    if target and is_recycled_store_name(target):
+        raise UserError(f"{target}: a recycled store; pass the matrix beside it ({matrix_path_of(target)})")
     if target and (target.endswith(SUFFIX) or Path(target).is_file()):
         path = Path(target)
         data = _read(path, "pass a matrix file written by tr")
@@ -186,16 +158,18 @@ def inspect(
             if model is None:
                 raise UserError("--token needs --model MODEL to turn text into token ids for a matrix file")
             tokenizer, vocab_size, _ = load_tokenizer(model, cache=cache_dir())
-            check_compatible(data.meta, tokenizer_fingerprint(tokenizer), vocab_size, data.meta.k, path)
+            fingerprint = tokenizer_fingerprint(tokenizer)
+            with flag_words():
+                check_compatible(data.meta, fingerprint, vocab_size, data.meta.k, path, (Remedy.MATRIX_MODEL,))
     else:
-        path, tokenizer, _, _, model_id = _store_path_for(target or model, k)
+        tokenizer, owner = _model_matrix(target or model, k)
+        path = owner.default_path
         if not path.exists():
-            raise UserError(
-                f"no stored matrix for {model_id} yet ({path}); build one with: tr matrix init {target or ''}".rstrip()
-            )
+            build = f"tr matrix init {target or ''}".rstrip()
+            raise UserError(f"no stored matrix for {owner.model_id} yet ({path}); build one with: {build}")
         data = _read(path, "move it away or rebuild it with tr matrix init --force")
     report = _report(path, data)
-    report["store"] = _store_report(store_path(path))
+    report["store"] = _recycled_store_report(recycled_store_path(path))
     if tokens:
         report["tokens"] = _token_candidates(tokenizer, data, tokens)
     if as_json:
@@ -222,16 +196,12 @@ def _report(path: Path, data: MatrixFile) -> dict:
     }
 
 
-def _matrix_of(store_file: str) -> str:
-    return store_file.removesuffix(STORE_SUFFIX) + SUFFIX
-
-
-def _store_report(path: Path) -> dict | None:
+def _recycled_store_report(path: Path) -> dict | None:
     """The recycled store beside a matrix: None when there is none, its error when unreadable."""
     if not path.exists():
         return None
     try:
-        data = read_store(path)
+        data = read_recycled_store(path)
     except StoreFileError as exc:
         return {"path": str(path.resolve()), "error": str(exc)}
     stamps = [doc.stamp for doc in data.documents]
@@ -246,17 +216,17 @@ def _store_report(path: Path) -> dict | None:
     }
 
 
-def _describe_store(store: dict | None) -> str:
-    if store is None:
+def _describe_recycled_store(report: dict | None) -> str:
+    if report is None:
         return "none"
-    if "error" in store:
-        return f"unreadable: {store['error']}"
+    if "error" in report:
+        return f"unreadable: {report['error']}"
     text = (
-        f"{store['documents']:,} conversations, {store['tokens']:,} of {store['capacity']:,} tokens, "
-        f"{_size(store['bytes'])}"
+        f"{report['documents']:,} conversations, {report['tokens']:,} of {report['capacity']:,} tokens, "
+        f"{_size(report['bytes'])}"
     )
-    if store["documents"]:
-        text += f", {store['oldest']} to {store['newest']}"
+    if report["documents"]:
+        text += f", {report['oldest']} to {report['newest']}"
     return text
 
 
@@ -292,7 +262,7 @@ def _print_report(report: dict) -> None:
         ("updated", report["updated"]),
         ("rows filled", f"{report['rows_filled']:,} ({report['rows_filled_percent']:.2f} %)"),
         ("format", f"v{report['format_version']} (written by tr {report['tr_version']})"),
-        ("store", _describe_store(report["store"])),
+        ("store", _describe_recycled_store(report["store"])),
     ]
     for key, value in rows:
         table.add_row(key, Text(str(value)))
@@ -312,56 +282,24 @@ def _print_report(report: dict) -> None:
 def export(
     model_or_output: ModelAndOutput,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT (and its store) if they exist.")] = False,
-    k: opt.K = 8,
+    k: opt.K = DEFAULT_K,
 ) -> None:
     """Copy a model's stored matrix to a file (to move it to another machine), and its recycled
     store beside it (OUTPUT's stem + .store.safetensors) when there is one."""
     model, output = _model_and_file(model_or_output, "OUTPUT")
     output = Path(output)
-    output_store = store_path(output)
-    for target in (output, output_store):
-        if target.exists() and not force:
-            raise UserError(f"{target}: exists; pass --force to overwrite it")
-    if output.suffix != SUFFIX or output.name.endswith(STORE_SUFFIX):
-        raise UserError(f"{output}: matrix files end in {SUFFIX}; name it e.g. {output.with_suffix(SUFFIX).name}")
-    if not output.parent.is_dir():
-        raise UserError(f"{output}: {output.parent} is not a directory; export to an existing directory")
-    path, *_ = _store_path_for(model, k)
+    with flag_words():
+        check_export_target(output, overwrite=force)
+    path = _model_matrix(model, k).owner.default_path
     if not path.exists():
         raise UserError(f"no stored matrix for {model or 'the default model'} yet ({path}); nothing to export")
-    try:
-        data, store = _export(path, output, output_store)
-    except OSError as exc:  # a read-only or full file system: nothing half written stays (atomic writes)
-        raise UserError(f"{output}: cannot write it ({exc.strerror or exc}); export to a writable directory") from None
-    extra = f" + store of {len(store.documents):,} conversations → {output_store}" if store else ""
-    stderr.print(Text(f"exported {path.name} ({data.rows_filled:,} rows filled) → {output}{extra}"))
-
-
-def _export(path: Path, output: Path, output_store: Path) -> tuple[MatrixFile, StoreFile | None]:
-    """Copy the stored matrix (and its store, when there is one) to `output` (and beside it)."""
-    source_store = store_path(path)
-    has_store = source_store.exists()
-    # The store's lock is held across both copies (taken before the matrix's, as nowhere the
-    # other way round), so the exported pair is one moment's state.
-    with locked(source_store) if has_store else contextlib.nullcontext():
-        if has_store:
-            try:
-                read_store(source_store)  # refused before anything is written
-            except StoreFileError as exc:
-                raise UserError(
-                    f"{exc}; the stored recycled store is damaged, move it away to export the matrix alone"
-                ) from None
-        with locked(path):
-            try:
-                data = copy_matrix_file(path, output)
-            except MatrixFileError as exc:
-                raise UserError(
-                    f"{exc}; the stored matrix is damaged, rebuild it with tr matrix init --force"
-                ) from None
-        store = copy_store_file(source_store, output_store) if has_store else None
-    if store is None:
-        output_store.unlink(missing_ok=True)  # a stale one (--force) would be imported with this matrix
-    return data, store
+    with flag_words():
+        exported = export_pair(path, output)
+    recycled = exported.recycled_store
+    extra = (
+        f" + store of {len(recycled.documents):,} conversations → {exported.recycled_store_path}" if recycled else ""
+    )
+    stderr.print(Text(f"exported {path.name} ({exported.matrix.rows_filled:,} rows filled) → {output}{extra}"))
 
 
 @app.command(name="import")
@@ -381,84 +319,28 @@ def import_(
         bool,
         typer.Option("--force", help="Import despite a tokenizer fingerprint mismatch (vocab size and k must match)."),
     ] = False,
-    k: opt.K = 8,
+    k: opt.K = DEFAULT_K,
 ) -> None:
-    """Bring a matrix file into the store, merged with (default) or replacing the stored one; its
+    """Bring a matrix file into the data dir, merged with (default) or replacing the stored one; its
     recycled store (INPUT's stem + .store.safetensors) comes with it when there is one."""
     if replace and merge:
         raise UserError("--merge and --replace exclude each other; pick one")
     model, source = _model_and_file(model_or_input, "INPUT")
-    incoming = _read(Path(source), "the stored matrix was left untouched")
-    path, _, vocab_size, fingerprint, model_id = _store_path_for(model, k)
-    meta = incoming.meta
-    if meta.vocab_size != vocab_size or meta.k != k:
-        raise UserError(
-            f"{source}: matrix is {meta.vocab_size:,}×{meta.k}, {model_id} needs {vocab_size:,}×{k} (--k); not imported"
-        )
-    if meta.fingerprint != fingerprint and not force:
-        raise UserError(
-            f"{source}: written for another tokenizer (fingerprint {meta.fingerprint}, model {meta.model_id}; "
-            f"{model_id} has {fingerprint}), so its ids may mean other tokens; pass --force to import anyway"
-        )
-    incoming.meta = with_changes(meta, fingerprint=fingerprint)
-    incoming_store = _incoming_store(store_path(Path(source)), vocab_size, fingerprint, model_id, force)
-    target_store = store_path(path)
-    if incoming_store is not None and not replace and target_store.exists():
-        _read_store(target_store, "the stored recycled store is damaged; use --replace to overwrite it")
-    with locked(path):
-        if replace or not path.exists():
-            result = incoming
-            how = "replaced" if path.exists() else "stored"
-        else:
-            current = _read(path, "the stored matrix is damaged; use --replace to overwrite it")
-            result = current.merged_with(incoming)
-            how = "merged"
-        write_matrix(path, result)
-    stderr.print(Text(f"{how}: {source} → {path} ({result.rows_filled:,} rows filled)"))
-    if incoming_store is not None:
-        with locked(target_store):
-            if replace or not target_store.exists():
-                stored = incoming_store
-                how = "replaced" if target_store.exists() else "stored"
-            else:
-                current = _read_store(
-                    target_store, "the stored recycled store is damaged; use --replace to overwrite it"
-                )
-                merged = merge_documents(current.documents, incoming_store.documents, vocab_size, current.meta.capacity)
-                stored = StoreFile(current.meta, merged)
-                how = "merged"
-            write_store(target_store, stored)
+    incoming = read_import(Path(source))
+    owner = _model_matrix(model, k).owner
+    with flag_words():
+        planned = plan_import(Path(source), incoming, owner, replace_stored=replace, any_tokenizer=force)
+        how, data = planned.write_matrix()
+        stderr.print(Text(f"{how}: {source} → {planned.target} ({data.rows_filled:,} rows filled)"))
+        written = planned.write_recycled_store()
+    if written is not None:
+        how, recycled = written
         stderr.print(
-            Text(f"{how}: {store_path(Path(source))} → {target_store} ({len(stored.documents):,} conversations)")
-        )
-
-
-def _read_store(path: Path, what: str) -> StoreFile:
-    try:
-        return read_store(path)
-    except StoreFileError as exc:
-        raise StoreFileError(f"{exc}; {what}") from None
-
-
-def _incoming_store(path: Path, vocab_size: int, fingerprint: str, model_id: str, force: bool) -> StoreFile | None:
-    """The recycled store beside an imported matrix, checked before anything is written."""
-    if not path.exists():
-        return None
-    data = _read_store(path, "nothing was imported")
-    meta = data.meta
-    if meta.vocab_size != vocab_size:
-        raise UserError(
-            f"{path}: store is for a vocabulary of {meta.vocab_size:,}, {model_id} has {vocab_size:,}; "
-            "nothing was imported"
-        )
-    if meta.fingerprint != fingerprint:
-        if not force:
-            raise UserError(
-                f"{path}: written for another tokenizer (fingerprint {meta.fingerprint}, model {meta.model_id}), "
-                "so its ids may mean other tokens; pass --force to import anyway"
+            Text(
+                f"{how}: {planned.recycled_store_source} → {planned.recycled_store_target} "
+                f"({len(recycled.documents):,} conversations)"
             )
-        data = with_fingerprint(data, fingerprint)  # --force: taken as this tokenizer's, like the matrix
-    return data
+        )
 
 
 def _model_and_file(values: list[str], name: str) -> tuple[str | None, str]:
@@ -492,17 +374,17 @@ def list_() -> None:
             f"{meta.update_count:,}",
             iso(meta.updated_us),
             f"{path.stat().st_size / 1e6:.1f} MB",
-            _store_size(path),
+            _recycled_store_size(path),
         )
     stdout.print(table)
 
 
-def _store_size(matrix_path: Path) -> str:
+def _recycled_store_size(matrix_path: Path) -> str:
     """The size of the recycled store beside a matrix (not read: listing stays quick)."""
-    path = store_path(matrix_path)
+    path = recycled_store_path(matrix_path)
     return _size(path.stat().st_size) if path.exists() else "–"
 
 
 def _size(n: int) -> str:
-    """A store's size: from a few kB (a handful of conversations) to a few MB (full)."""
+    """A recycled store's size: from a few kB (a handful of conversations) to a few MB (full)."""
     return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"

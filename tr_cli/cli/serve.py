@@ -22,15 +22,15 @@ from typing import Annotated
 import typer
 import uvicorn
 
+from ..engine.options import DecodingOptions
 from ..errors import UserError
 from ..models import DEFAULT_MODEL
 from ..serve.app import create_app
 from ..serve.requests import ServedModel
 from ..serve.worker import DecodeWorker
-from . import options as opt
 from .console import note, warn
 from .interrupts import handling
-from .options import engine_options, sampling_request
+from .options import decoding_options
 from .setup import open_engine, save_state
 
 Host = Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default: this machine only).")]
@@ -46,9 +46,6 @@ QueueSize = Annotated[
 ]
 SaveEvery = Annotated[
     float, typer.Option("--save-every", min=1.0, help="Save the matrix this often (seconds) while requests come.")
-]
-DefaultMaxTokens = Annotated[
-    int, typer.Option("--max-new-tokens", "-n", min=1, help="Longest reply when a request sets no max_tokens.")
 ]
 
 
@@ -105,59 +102,32 @@ def _access_log() -> None:
     logger.propagate = False
 
 
+@decoding_options()
 def serve(
-    model: opt.ModelArgument = None,
     host: Host = "127.0.0.1",
     port: Port = 8000,
     api_key: ApiKey = None,
-    max_new_tokens: DefaultMaxTokens = 1024,
     queue: QueueSize = 8,
     save_every: SaveEvery = 300.0,
-    tree: opt.Tree = "auto",
-    lookup: opt.Lookup = None,
-    k: opt.K = 8,
-    temperature: opt.Temperature = None,
-    top_p: opt.TopP = None,
-    top_k: opt.TopK = None,
-    repetition_penalty: opt.RepetitionPenalty = None,
-    seed: opt.Seed = None,
-    matrix: opt.MatrixPath = None,
-    cold: opt.Cold = False,
-    no_save: opt.NoSave = False,
-    device: opt.Device = "auto",
-    dtype: opt.Dtype = "auto",
-    weights: opt.Weights = "dense",
+    *,
+    options: DecodingOptions,
 ) -> None:
     """Serve a model over the OpenAI API (chat and text completions, streamed or not) with Token Recycling."""
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty; give a key or leave the option out")
-    defaults = sampling_request(temperature, top_p, top_k, repetition_penalty, seed)
-    options = engine_options(
-        model=model,
-        device=device,
-        dtype=dtype,
-        weights=weights,
-        tree=tree,
-        lookup=lookup,
-        k=k,
-        matrix=matrix,
-        cold=cold,
-        no_save=no_save,
-        sampling=defaults,
-    )
     sock = _bind(host, port)
     try:
         engine = open_engine(options)
         loaded = engine.loaded
         served = ServedModel(
             name=loaded.model_id,
-            aliases=frozenset({model or DEFAULT_MODEL}),
+            aliases=frozenset({options.model or DEFAULT_MODEL}),
             tokenizer=loaded.tokenizer,
             generation_config=getattr(loaded.model, "generation_config", None),
             context_length=loaded.context_length,
             max_depth=engine.decoder.max_depth,
-            default_max_tokens=max_new_tokens,
-            default_sampling=defaults,
+            default_max_tokens=options.max_new_tokens,
+            default_sampling=options.sampling,
         )
         worker = DecodeWorker(
             engine.decoder,

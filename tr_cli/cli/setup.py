@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 from rich.console import Console
 from rich.markup import escape
 
-from ..engine.choices import EngineOptions
 from ..engine.engine import Engine
+from ..engine.options import DecodingOptions
 from ..errors import StoreError
 from ..store.hot_matrix import HotMatrix, Saved
-from ..store.recycled_file import store_path
+from ..store.recycled_file import recycled_store_path
 from .console import note, stderr, warn
 from .interrupts import held_back
 
@@ -34,7 +34,7 @@ def progress() -> Iterator:
         yield lambda message: spinner.update(f"{escape(message)}…")
 
 
-def open_engine(options: EngineOptions, matrix: bool = True, decoder: bool = True, banner: bool = True) -> Engine:
+def open_engine(options: DecodingOptions, matrix: bool = True, decoder: bool = True, banner: bool = True) -> Engine:
     """Load the model, open its matrix and build its decoder, saying what happens; then the
     banner (what runs) and any warnings."""
     with progress() as status:
@@ -77,7 +77,5 @@ def _report(save: Callable[[], Saved], hot: HotMatrix, console: Console, announc
         note(f"matrix: {saved.rows:,} rows saved to {hot.path}", console)
     if saved.documents:
         conversations = "conversation" if saved.documents == 1 else "conversations"
-        note(
-            f"store: {saved.documents:,} {conversations} ({saved.tokens:,} tokens) saved to {store_path(hot.path)}",
-            console,
-        )
+        where = recycled_store_path(hot.path)
+        note(f"recycled store: {saved.documents:,} {conversations} ({saved.tokens:,} tokens) saved to {where}", console)

@@ -21,16 +21,13 @@ from .attention import AttentionLayout, causal_visibility
 from .design.acceptance_stats import AcceptanceStats
 from .design.cost_model import CALIBRATION_SIZES, CostModel, calibrate
 from .drafters.base import Drafter, Placement, Verification
-from .drafters.conversation_lookup import LOOKUP_BRANCHES, ConversationLookupDrafter
 from .drafters.matrix_tree import MatrixTreeDrafter
-from .drafters.merge import DraftMerger
+from .drafters.merge import DraftMerger, TreeMerge
 from .drafters.planner import DraftPlanner
-from .drafters.store_lookup import StoreLookupDrafter
 from .events import GenerationResult, GenerationStats, StepEvent, StepTimings, track
 from .forward import make_forward
 from .kv_cache import CompactingCache
 from .matrix import DEFAULT_K, new_matrix, output_vocab_size
-from .recycled_store import RecycledStore
 from .sampling import Sampler
 from .sampling_config import SamplingConfig
 from .step_scope import decoding_step
@@ -86,19 +83,17 @@ class TokenRecyclingDecoder:
         *,
         cost: CostModel | Callable[[TokenRecyclingDecoder], CostModel] | None = None,
         acceptance: AcceptanceStats | None = None,
-        lookup_length: int = 0,
         sampling: SamplingConfig | None = None,
         drafters: Sequence[Drafter] = (),
-        store: RecycledStore | None = None,
     ) -> None:
-        """The matrix tree drafts first: `tree` fixes its shape; without it, a `cost` model lets it
-        be designed (and redesigned) for this device from the `acceptance` statistics; with
-        neither, the paper's tree. `cost` may also be a function measuring it with this decoder
-        (calibration runs its forward). `lookup_length` > 0 adds prompt lookup in this conversation
-        (branches up to that deep), `store` lookup in earlier conversations (each conversation joins
-        it at the next reset); `drafters` are further sources, verified in the same forward pass.
-        With a cost model every step is planned: each source's nodes are priced by how often that
-        source has been right, and only nodes that pay for their share of t(N) are verified."""
+        """The matrix tree, Token Recycling's own source, drafts first: `tree` fixes its shape;
+        without it, a `cost` model lets it be designed (and redesigned) for this device from the
+        `acceptance` statistics; with neither, the paper's tree. `cost` may also be a function
+        measuring it with this decoder (calibration runs its forward). `drafters` are the further
+        sources (prompt lookup, the recycled store: drafters/plan.py builds them from a DraftPlan),
+        verified in the same forward pass. With a cost model every step is planned: each source's
+        nodes are priced by how often that source has been right, and only nodes that pay for
+        their share of t(N) are verified."""
         self.model = model
         self.device = model.get_input_embeddings().weight.device
         self.vocab_size = output_vocab_size(model)
@@ -106,21 +101,13 @@ class TokenRecyclingDecoder:
             matrix = new_matrix(self.vocab_size, k, self.device)
         if matrix.shape[0] != self.vocab_size:
             raise ValueError(f"matrix has {matrix.shape[0]} rows but the model's vocabulary has {self.vocab_size}")
-        if lookup_length < 0:
-            raise ValueError(f"lookup_length must be 0 or more, got {lookup_length}")
         self.matrix = matrix.to(self.device)
         self.k = self.matrix.shape[1]
         # A designed tree replaces the initial one at once: start from none (valid for any k).
         initial = PRESETS["none"] if tree is None and cost is not None else tree
         self.matrix_tree = MatrixTreeDrafter(self.matrix, initial, acceptance, seed_from_prompt)
-        planned = tree is None and cost is not None
-        # Unplanned, a lookup drafts one chain (its nodes are verified whether they pay or not).
-        branches = LOOKUP_BRANCHES if planned else 1
-        lookup = [ConversationLookupDrafter(lookup_length, self.device, branches)] if lookup_length else []
-        recycled = [StoreLookupDrafter(store, self.device)] if store is not None else []
-        self.drafters: list[Drafter] = [self.matrix_tree, *lookup, *recycled, *drafters]
-        self._merger = DraftMerger(self.device)
-        self._planner: DraftPlanner | None = None
+        self.drafters: list[Drafter] = [self.matrix_tree, *drafters]
+        self.merge: TreeMerge = DraftMerger(self.device)  # a DraftPlanner once a cost model is in use
         dtype = next(model.parameters()).dtype
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
         self.forward_pass = make_forward(model, _cache_keyword(model))
@@ -154,7 +141,7 @@ class TokenRecyclingDecoder:
         """Plan every step for this cost model: the matrix tree designed from its statistics, and
         each source's nodes verified only where they pay."""
         self.matrix_tree.design_for(cost)
-        self._planner = DraftPlanner(cost, self.device)
+        self.merge = DraftPlanner(cost, self.device)
 
     def set_sampling(self, sampling: SamplingConfig | None) -> None:
         """Greedy (None, or temperature 0) or sampled decoding from the next token on; a sampling
@@ -261,10 +248,7 @@ class TokenRecyclingDecoder:
             if draft is not None:
                 drafts.append(draft)
                 owners.append(index)
-        if self._planner is not None:
-            buffers, tokens, placements = self._planner.plan(root, drafts)
-        else:
-            buffers, tokens, placements = self._merger.merge(root, drafts)
+        buffers, tokens, placements = self.merge.plan(root, drafts)
         return buffers, tokens, dict(zip(owners, placements, strict=True))
 
     @torch.inference_mode()
@@ -285,8 +269,7 @@ class TokenRecyclingDecoder:
         t3 = time.perf_counter()
         self._learn(Verification(tokens, top.indices, acceptance.correct, buffers), placements)
         t4 = time.perf_counter()
-        if self._planner is not None:
-            self._planner.observe(t4 - t0, len(acceptance.nodes))
+        self.merge.observe(t4 - t0, len(acceptance.nodes))
         timings = StepTimings(draft=t1 - t0, forward=t2 - t1, verify=t3 - t2, update=t4 - t3)
         return _Step(tokens, buffers.spec, acceptance, timings)
 

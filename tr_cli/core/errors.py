@@ -19,3 +19,15 @@ class UnsupportedAttention(TrError, ValueError):
 
 class InvalidTree(TrError, ValueError):
     """A draft tree that is not valid: malformed spec, unknown preset, unreadable file."""
+
+
+class SettingError(TrError, ValueError):
+    """A setting's value tr cannot use. It names the setting (`top_p`, `device`, `weights`), never
+    how it was given: the command line words it as a flag, a chat's /set as a key, the server as
+    a request field."""
+
+    def __init__(self, setting: str, value: object, reason: str) -> None:
+        self.setting = setting
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{setting} {value}: {reason}")

@@ -31,6 +31,10 @@ Mask = torch.Tensor | dict[str, torch.Tensor]
 # config.model_type of the decoders whose layers are exactly: norm -> q/k/v -> rotary -> cache ->
 # attention -> o_proj -> residual -> norm -> mlp -> residual (transformers 5.24).
 LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+# Where a layer keeps one matmul for sibling projections reading the same input (q/k/v, gate/up):
+# models/weights.py sets them on the attention and MLP modules it quantizes, the direct path calls them.
+FUSED_QKV = "fused_qkv"
+FUSED_GATE_UP = "fused_gate_up"
 _ATTENTION_KERNELS = ("sdpa", "eager")
 
 
@@ -108,7 +112,7 @@ class LlamaFamilyForward:
             layer_mask = mask[self.layer_types[index]] if isinstance(mask, dict) else mask
             states = layer.input_layernorm(hidden)
             shape = (1, count, -1, attention.head_dim)
-            fused = getattr(attention, "fused_qkv", None)
+            fused = getattr(attention, FUSED_QKV, None)
             if fused is not None:  # one matmul for q, k and v (models/weights.py keeps it)
                 query, key, value = fused(states).split(self._qkv_sizes(attention), dim=-1)
             else:
@@ -136,7 +140,7 @@ class LlamaFamilyForward:
     def _mlp(mlp: torch.nn.Module, states: torch.Tensor) -> torch.Tensor:
         """The MLP as the model computes it: down(act(gate(x)) * up(x)), gate and up in one matmul
         where a fused layer is kept."""
-        fused = getattr(mlp, "fused_gate_up", None)
+        fused = getattr(mlp, FUSED_GATE_UP, None)
         if fused is None:
             return mlp(states)
         gate, up = fused(states).split([mlp.gate_proj.out_features, mlp.up_proj.out_features], dim=-1)

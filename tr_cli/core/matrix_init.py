@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import torch
 
+from .decode import PREFILL_CHUNK
 from .matrix import update_rows
 from .verify import TopCandidates
 
-CHUNK_TOKENS = 512
 BATCH_TOKENS = 2048  # positions per forward (bounds the logits' memory)
 
 
@@ -27,7 +27,7 @@ def fill_from_token_lists(
     """
     device = matrix.device
     k = matrix.shape[1]
-    chunks = [ids[i : i + CHUNK_TOKENS] for ids in token_lists for i in range(0, len(ids), CHUNK_TOKENS)]
+    chunks = [ids[i : i + PREFILL_CHUNK] for ids in token_lists for i in range(0, len(ids), PREFILL_CHUNK)]
     chunks = [c for c in chunks if c]
     chunks.sort(key=len, reverse=True)
     written = 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import SettingError
+
 # transformers' GenerationConfig._get_default_generation_params(): applied where neither the caller
 # nor the model's generation config sets a value. top_k=50 applies even to models that never ask for
 # it (SmolLM2's generation config sets none of these).
@@ -36,11 +38,9 @@ class SamplingConfig:
     min_p: float | None = None  # only from a model's generation config; no CLI option
 
     def __post_init__(self) -> None:
-        problem = _check(self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed)
-        if problem:
-            raise ValueError(problem)
+        _check(self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed)
         if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be between 0 and 1, got {self.min_p}")
+            raise SettingError("min_p", self.min_p, "must be between 0 and 1")
 
     @classmethod
     def greedy(cls) -> SamplingConfig:
@@ -118,9 +118,17 @@ class SamplingRequest:
     repetition_penalty: float | None = None
     seed: int | None = None
 
+    def __post_init__(self) -> None:
+        _check(self.temperature, self.top_k, self.top_p, self.repetition_penalty, self.seed)
+
     @property
     def wants_sampling(self) -> bool:
         return wants_sampling(self.temperature, self.top_p, self.top_k, self.repetition_penalty)
+
+    @property
+    def filters_given(self) -> list[str]:
+        """The settings given besides temperature and seed (each of them asks for sampling)."""
+        return [name for name in ("top_p", "top_k", "repetition_penalty") if getattr(self, name) is not None]
 
     def resolve(self, generation_config: object | None) -> SamplingConfig:
         """What the decoder decodes with: greedy unless sampling was asked for, else these
@@ -137,30 +145,18 @@ class SamplingRequest:
         )
 
 
-def _check(temperature, top_k, top_p, repetition_penalty, seed) -> str | None:
-    """The first bad value as a message, or None."""
+def _check(temperature, top_k, top_p, repetition_penalty, seed) -> None:
+    """Raise SettingError for the first value out of range (None: not given, fine)."""
     if temperature is not None and not (temperature >= 0.0 and temperature != float("inf")):
-        return f"temperature must be 0 (greedy) or more, got {temperature}"
+        raise SettingError("temperature", temperature, "must be 0 (greedy) or more")
     if top_k is not None and top_k < 0:
-        return f"top_k must be 0 (off) or more, got {top_k}"
+        raise SettingError("top_k", top_k, "must be 0 (off) or more")
     if top_p is not None and not 0.0 <= top_p <= 1.0:
-        return f"top_p must be between 0 and 1, got {top_p}"
+        raise SettingError("top_p", top_p, "must be between 0 and 1")
     if repetition_penalty is not None and not (repetition_penalty > 0.0 and repetition_penalty != float("inf")):
-        return f"repetition_penalty must be more than 0, got {repetition_penalty}"
+        raise SettingError("repetition_penalty", repetition_penalty, "must be more than 0")
     if seed is not None and not 0 <= seed < SEED_LIMIT:
-        return f"seed must be between 0 and {SEED_LIMIT - 1}, got {seed}"
-    return None
-
-
-def check_settings(
-    temperature: float | None = None,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    repetition_penalty: float | None = None,
-    seed: int | None = None,
-) -> str | None:
-    """Validate user-given settings before any model loads: a message for the first bad one, or None."""
-    return _check(temperature, top_k, top_p, repetition_penalty, seed)
+        raise SettingError("seed", seed, f"must be between 0 and {SEED_LIMIT - 1}")
 
 
 def wants_sampling(

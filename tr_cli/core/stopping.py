@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .errors import TrError
+
 # Generated tokens decoded in front of the new ones when looking for a stop string that spans steps.
 _STOP_TAIL_TOKENS = 16
 
@@ -17,6 +19,31 @@ def context_room(max_positions: int | None, held: int, new_input: int, max_depth
     if max_positions is None:
         return None
     return max_positions - held - new_input - max_depth
+
+
+class NoRoomForReply(TrError):
+    """The model's context cannot hold the input and a reply of at least one token (with the
+    positions a step's drafts reach past it). Each surface words its own advice."""
+
+    def __init__(self, context: int, held: int, new_input: int, max_depth: int) -> None:
+        self.context, self.held, self.new_input, self.max_depth = context, held, new_input, max_depth
+        super().__init__(
+            f"the model's context holds {context:,} tokens: {held + new_input:,} are taken by the conversation "
+            f"and {max_depth} more are needed for drafts, which leaves no room for a reply"
+        )
+
+
+def reply_budget(wanted: int, max_positions: int | None, held: int, new_input: int, max_depth: int) -> int:
+    """How many tokens a reply may have: `wanted`, clamped to what the context leaves
+    (context_room). Raises NoRoomForReply when that is less than one. Every surface (generate,
+    chat, serve, bench) asks this before any forward: a prompt past the context would run for
+    minutes and produce garbage."""
+    room = context_room(max_positions, held, new_input, max_depth)
+    if room is None:
+        return wanted
+    if room < 1:
+        raise NoRoomForReply(max_positions, held, new_input, max_depth)
+    return min(wanted, room)
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ _NOT_SHAPE = re.compile(
 def model_shape(model: torch.nn.Module) -> dict:
     """What a step's cost depends on in the model: its class, its config without paths and
     identity (sizes, layers, attention layout, rope, quantization...), its attention kernel and
-    tr's own weight quantization (--weights)."""
+    tr's own weight quantization (its weights mode)."""
     config = model.config
     if hasattr(config, "to_json_string"):
         fields = _without_identity(json.loads(config.to_json_string(use_diff=False)))
@@ -52,8 +52,8 @@ def model_shape(model: torch.nn.Module) -> dict:
         "attention": getattr(config, "_attn_implementation", None),
     }
     weights = weights_mode(model)
-    if weights != "dense":  # only then, so that dense models keep their cached measurements
-        shape["weights"] = weights
+    if not weights.dense:  # only then, so that dense models keep their cached measurements
+        shape["weights"] = weights.name
     return shape
 
 

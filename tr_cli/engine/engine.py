@@ -7,21 +7,22 @@ from dataclasses import dataclass, field
 import torch
 
 from ..core import TokenRecyclingDecoder
+from ..core.drafters.plan import DraftPlan
 from ..core.sampling_config import SamplingConfig, SamplingRequest, ignored_generation_settings
-from ..errors import UserError
-from ..models import LoadedModel, load_model
+from ..errors import SettingError
+from ..models import LoadedModel, WeightsMode, load_model
 from ..models.progress import Status, quiet
 from ..models.weights import quantized_copy
 from ..store.hot_matrix import HotMatrix, Saved
 from ..store.paths import cache_dir
 from .calibration import load_or_calibrate
-from .choices import EngineOptions, TreeChoice
+from .options import DecodingOptions
 
 
-def resolve_sampling(request: SamplingRequest | None, loaded: LoadedModel) -> tuple[SamplingConfig, list[str]]:
+def resolve_sampling(request: SamplingRequest, loaded: LoadedModel) -> tuple[SamplingConfig, list[str]]:
     """The request merged with the model's generation config (and transformers' defaults), as
     generate(do_sample=True) would merge them, and warnings for what tr cannot apply."""
-    if request is None:
+    if not request.wants_sampling:
         return SamplingConfig.greedy(), []
     generation_config = getattr(loaded.model, "generation_config", None)
     warnings = []
@@ -44,15 +45,15 @@ class Engine:
     warnings: list[str] = field(default_factory=list)  # to show the user once, before decoding
     status: Status = quiet
     warn: Status | None = None  # warnings after set-up (a later calibration's failed save)
-    _quantized: dict[str, torch.nn.Module] = field(default_factory=dict)  # quantized_model's copies
+    _quantized: dict[WeightsMode, torch.nn.Module] = field(default_factory=dict)  # quantized_model's copies
 
     @classmethod
-    def open(cls, options: EngineOptions, status: Status = quiet, matrix: bool = True, decoder: bool = True) -> Engine:
+    def open(
+        cls, options: DecodingOptions, status: Status = quiet, matrix: bool = True, decoder: bool = True
+    ) -> Engine:
         """Load the model, open its matrix (`matrix`) and build the decoder (`decoder`, which
-        needs the matrix; `--tree auto` calibrates t(N) once per model and device)."""
-        loaded = load_model(
-            options.model, options.device, options.dtype, status=status, cache=cache_dir(), weights=options.weights
-        )
+        needs the matrix; a designed tree calibrates t(N) once per model and device)."""
+        loaded = load_model(options.model, options.runtime, status=status, cache=cache_dir())
         sampling, warnings = resolve_sampling(options.sampling, loaded)
         engine = cls(loaded, sampling, warnings=warnings, status=status)
         if matrix or decoder:
@@ -68,43 +69,43 @@ class Engine:
             )
             engine.warnings += engine.hot.warnings
         if decoder:
-            engine.decoder = engine.make_decoder(options.tree)
+            engine.decoder = engine.make_decoder(options.drafts)
         return engine
 
     def make_decoder(
-        self, choice: TreeChoice, fork: bool = False, model: torch.nn.Module | None = None
+        self, plan: DraftPlan, fork: bool = False, model: torch.nn.Module | None = None
     ) -> TokenRecyclingDecoder:
-        """A decoder for `choice` on the hot matrix, or (`fork`) on a copy of it that is never
-        saved, so that variants neither help one another nor change the store. A designed tree
-        also drafts from the recycled store (earlier conversations); a fixed tree (`tr:paper`)
-        stays the paper's method. `model`: another copy of the loaded one (quantized_model)."""
+        """A decoder drafting as `plan` says on the hot matrix, or (`fork`) on a copy of it that is
+        never saved, so that variants neither help one another nor change the recycled store.
+        `model`: another copy of the loaded one (quantized_model)."""
         hot = self.hot.fork() if fork else self.hot
         return TokenRecyclingDecoder(
             self.loaded.model if model is None else model,
             matrix=hot.matrix,
-            tree=choice.spec,
+            tree=plan.tree,
             acceptance=hot.acceptance,
-            lookup_length=choice.lookup_length,
+            drafters=plan.drafters(self.loaded.device, hot.store),
             sampling=self.sampling,
             # A designed tree: t(N) read from the calibration cache, or measured with the decoder.
             cost=lambda decoder: load_or_calibrate(
                 decoder, self.loaded.model_id, status=self.status, warn=self.warn or self.warnings.append
             ),
-            store=hot.store if choice.spec is None else None,
         )
 
-    def quantized_model(self, weights: str) -> torch.nn.Module:
+    def quantized_model(self, weights: WeightsMode) -> torch.nn.Module:
         """The loaded model with `weights` matmuls (models/weights.py), made once and kept, sharing
         the loaded model's other tensors: what `tr bench`'s METHOD@int8 variants run on."""
-        if self.loaded.weights != "dense":
-            raise UserError(f"@{weights} methods compare with the dense model; drop --weights {self.loaded.weights}")
+        if not self.loaded.weights.dense:
+            raise SettingError(
+                "weights", self.loaded.weights, f"{weights} variants are made from the dense model; load it dense"
+            )
         if weights not in self._quantized:
             self.status(f"Quantizing a copy of {self.loaded.model_id}'s weights to {weights}")
             self._quantized[weights] = quantized_copy(self.loaded.model, weights).eval()
         return self._quantized[weights]
 
     def save(self, end_conversation: bool = True) -> Saved:
-        """Write the hot state back (matrix, store, statistics; nothing under --no-save). With
+        """Write the hot state back (matrix, store, statistics; nothing when saving is off). With
         `end_conversation` the decoder's conversation ends first, which is what adds it to the
         store; a periodic save during a chat keeps it going (it joins at a later save)."""
         if self.hot is None:
@@ -118,7 +119,7 @@ class Engine:
         loaded = self.loaded
         parts = [
             loaded.model_id,
-            loaded.dtype_name if loaded.weights == "dense" else f"{loaded.weights} weights, {loaded.dtype_name}",
+            loaded.runtime.describe(),
             str(loaded.device),
             f"{torch.get_num_threads()} threads",
         ]

@@ -1,11 +1,13 @@
-"""Models: resolve a MODEL argument (packaged, GGUF, checkpoint directory, cached hub id), pick the
-device and dtype, load model and tokenizer."""
+"""Models: resolve a MODEL argument (packaged, GGUF, checkpoint directory, cached hub id), resolve the
+device, dtype and weights mode (runtime.py), load model and tokenizer."""
 
 from .device import device_name, dtype_name, pick_device, pick_dtype
 from .load import LoadedModel, context_limit, load_model, load_tokenizer
 from .resolve import DEFAULT_MODEL, ModelSource, resolve_model
+from .runtime import DENSE, Runtime, WeightsMode
 
 __all__ = [
+    "DENSE",
     "DEFAULT_MODEL",
     "LoadedModel",
     "ModelSource",
@@ -16,5 +18,7 @@ __all__ = [
     "load_tokenizer",
     "pick_device",
     "pick_dtype",
+    "Runtime",
+    "WeightsMode",
     "resolve_model",
 ]

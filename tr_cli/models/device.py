@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from ..errors import SettingError
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -18,11 +18,11 @@ def pick_device(name: str = "auto") -> torch.device:
             return torch.device("mps")
         return torch.device("cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device is available here; use --device cpu or auto")
+        raise SettingError("device", name, "no CUDA device is available here; use cpu or auto")
     if name == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
-        raise UserError("--device mps: Apple MPS is not available here; use --device cpu or auto")
+        raise SettingError("device", name, "Apple MPS is not available here; use cpu or auto")
     if name not in ("cpu", "cuda", "mps"):
-        raise UserError(f"--device {name}: unknown device; use auto, cpu, cuda or mps")
+        raise SettingError("device", name, "unknown device; use auto, cpu, cuda or mps")
     return torch.device(name)
 
 
@@ -39,7 +39,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """'bfloat16', not 'torch.bfloat16': as --dtype takes it and reports show it."""
+    """'bfloat16', not 'torch.bfloat16': as the dtype setting takes it and reports show it."""
     return str(dtype).removeprefix("torch.")
 
 
@@ -51,7 +51,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
             return torch.bfloat16
         return torch.float32
     if name not in _DTYPES:
-        raise UserError(f"--dtype {name}: unknown dtype; use auto, float32, bfloat16 or float16")
+        raise SettingError("dtype", name, "unknown dtype; use auto, float32, bfloat16 or float16")
     return _DTYPES[name]
 
 

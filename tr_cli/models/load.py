@@ -3,18 +3,19 @@ tokenizer and the matrix's row count, without the weights."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..core.matrix import output_vocab_size
 from ..errors import ModelError, first_line
-from .device import dtype_name, pick_device, pick_dtype
+from .device import dtype_name
 from .gguf_cache import gguf_checkpoint
 from .progress import Status, quiet
 from .resolve import ModelSource, resolve_model
-from .weights import QUANTIZED_DTYPE, check_weights, quantize
+from .runtime import Runtime, WeightsMode
+from .weights import quantize
 
 
 @dataclass
@@ -22,9 +23,14 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object
     source: ModelSource
-    device: torch.device
-    dtype: torch.dtype
-    weights: str = "dense"  # models/weights.WEIGHTS
+    runtime: Runtime  # device, dtype and weights mode, as loaded
+    # The runtime's parts, which most callers read: set from it, never given.
+    device: torch.device = field(init=False)
+    dtype: torch.dtype = field(init=False)
+    weights: WeightsMode = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.device, self.dtype, self.weights = self.runtime.device, self.runtime.dtype, self.runtime.weights
 
     @property
     def model_id(self) -> str:
@@ -113,20 +119,17 @@ def load_tokenizer(arg: str | None, *, cache: Path, status: Status = quiet) -> t
 
 def load_model(
     arg: str | None,
-    device: str = "auto",
-    dtype: str = "auto",
+    runtime: Runtime | None = None,
     status: Status = quiet,
     *,
     cache: Path,
-    weights: str = "dense",
 ) -> LoadedModel:
-    """Resolve, then load model and tokenizer onto the device in the dtype (eval mode), its
-    matmul weights quantized unless `weights` is dense. `cache`: where converted GGUF checkpoints
-    are kept."""
-    torch_device = pick_device(device)
-    check_weights(weights, torch_device, None if dtype == "auto" else pick_dtype(dtype, torch_device))
+    """Resolve, then load model and tokenizer as `runtime` says (default: auto device and dtype,
+    dense weights; eval mode), its matmul weights quantized unless they are dense. `cache`: where
+    converted GGUF checkpoints are kept."""
+    runtime = runtime or Runtime.resolve()
+    torch_device, torch_dtype = runtime.device, runtime.dtype
     source = resolve_model(arg)
-    torch_dtype = pick_dtype(dtype, torch_device) if weights == "dense" else QUANTIZED_DTYPE
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -148,7 +151,7 @@ def load_model(
     if torch_device.type != "cuda":
         model = model.to(torch_device)
     model.eval()
-    if weights != "dense":
-        status(f"Quantizing {source.model_id}'s weights to {weights}")
-        quantize(model, weights)
-    return LoadedModel(model, tokenizer, source, torch_device, torch_dtype, weights)
+    if not runtime.weights.dense:
+        status(f"Quantizing {source.model_id}'s weights to {runtime.weights}")
+        quantize(model, runtime.weights)
+    return LoadedModel(model, tokenizer, source, runtime)

@@ -33,12 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.forward import FUSED_GATE_UP, FUSED_QKV
 from ..core.step_scope import in_decoding_step
-from ..errors import UserError
+from ..errors import SettingError
+from .device import dtype_name
+from .runtime import DENSE, QUANTIZED_DTYPE, WeightsMode
 
-PROMPT_SUFFIX = "+bf16"
-WEIGHTS = ("dense", "int8", "int4", "int8" + PROMPT_SUFFIX, "int4" + PROMPT_SUFFIX)
-QUANTIZED_DTYPE = torch.bfloat16
 INT4_GROUP = 32
 _INT4_ROWS = 16  # the CPU int4 packing takes output sizes divisible by 16
 _INT4_INNER_TILES = 2
@@ -51,13 +51,28 @@ class _QuantizedLinear(nn.Module):
     # Whether a row view holds exactly what quantizing those rows alone gives, by construction.
     rows_exact = False
 
-    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: torch.Tensor | None, buffers: dict[str, torch.Tensor]
+    ) -> None:
+        """A layer over already quantized `buffers` (the kernel's operands); `quantized` makes them."""
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(QUANTIZED_DTYPE), requires_grad=False)
+        for name, tensor in buffers.items():
+            self.register_buffer(name, tensor)
         self.register_buffer("prompt_weight", None)  # (out, in) bfloat16 in a `+bf16` mode
         self.head = False  # the model's output head (`_prompt`)
+
+    @classmethod
+    def quantized(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> _QuantizedLinear:
+        """`weight` (out, in) quantized into a new layer."""
+        out_features, in_features = weight.shape
+        return cls(in_features, out_features, bias, cls._quantize(weight.detach().float()))
+
+    @staticmethod
+    def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -107,32 +122,28 @@ class Int8Linear(_QuantizedLinear):
     mode = "int8"
     rows_exact = True  # one scale per row, rows stored one after another
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__(weight.shape[1], weight.shape[0], bias)
-        w = weight.detach().float()
-        scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
-        quantized = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
-        self.register_buffer("weight_int8", quantized.contiguous())
-        self.register_buffer("scales", scales.to(QUANTIZED_DTYPE))
+    @staticmethod
+    def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        scales = weight.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        quantized = (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        return {"weight_int8": quantized.contiguous(), "scales": scales.to(QUANTIZED_DTYPE)}
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales)
 
     def _share(self, start: int, stop: int) -> Int8Linear:
-        part = Int8Linear.__new__(Int8Linear)
-        _QuantizedLinear.__init__(part, self.in_features, stop - start, None)
-        part.register_buffer("weight_int8", self.weight_int8[start:stop])  # whole rows: a contiguous view
-        part.register_buffer("scales", self.scales[start:stop])
-        return part
+        # Whole rows: contiguous views.
+        views = {"weight_int8": self.weight_int8[start:stop], "scales": self.scales[start:stop]}
+        return Int8Linear(self.in_features, stop - start, None, views)
 
 
 class Int4Linear(_QuantizedLinear):
     mode = "int4"
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super().__init__(weight.shape[1], weight.shape[0], bias)
+    @staticmethod
+    def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
         out_features, in_features = weight.shape
-        groups = weight.detach().float().reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+        groups = weight.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
         low, high = groups.amin(dim=-1), groups.amax(dim=-1)
         scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
         levels = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
@@ -140,12 +151,10 @@ class Int4Linear(_QuantizedLinear):
         # The kernel computes (q - 8) * scale + zero per group, so zero is the group's minimum
         # moved by 8 steps; it takes them as (groups, out, 2) in the activations' dtype.
         zeros = low + 8 * scales
-        self.register_buffer(
-            "scales_and_zeros", torch.stack([scales.t(), zeros.t()], dim=-1).to(QUANTIZED_DTYPE).contiguous()
-        )
-        self.register_buffer(
-            "weight_int4", torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, _INT4_INNER_TILES)
-        )
+        return {
+            "scales_and_zeros": torch.stack([scales.t(), zeros.t()], dim=-1).to(QUANTIZED_DTYPE).contiguous(),
+            "weight_int4": torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, _INT4_INNER_TILES),
+        }
 
     @staticmethod
     def fits(out_features: int, in_features: int) -> bool:
@@ -155,13 +164,13 @@ class Int4Linear(_QuantizedLinear):
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.weight_int4, INT4_GROUP, self.scales_and_zeros)
 
     def _share(self, start: int, stop: int) -> Int4Linear:
-        part = Int4Linear.__new__(Int4Linear)
-        _QuantizedLinear.__init__(part, self.in_features, stop - start, None)
         # The CPU packing interleaves blocks of 64 output rows, so a view is whole rows only at block
         # boundaries (_fuse_siblings checks each); the (groups, out, 2) scales are copied contiguous.
-        part.register_buffer("weight_int4", self.weight_int4[start:stop])
-        part.register_buffer("scales_and_zeros", self.scales_and_zeros[:, start:stop].contiguous())
-        return part
+        views = {
+            "weight_int4": self.weight_int4[start:stop],
+            "scales_and_zeros": self.scales_and_zeros[:, start:stop].contiguous(),
+        }
+        return Int4Linear(self.in_features, stop - start, None, views)
 
 
 _KINDS = {"int8": Int8Linear, "int4": Int4Linear}
@@ -169,14 +178,14 @@ _KINDS = {"int8": Int8Linear, "int4": Int4Linear}
 # Sibling projections reading the same input, as Llama-family layers name them, and the attribute
 # under which their fused layer is kept (core/forward.py's direct path calls it once instead of
 # each sibling; the model's own forward still calls the siblings, row views of the fused weights).
-FUSED_GROUPS = {"fused_qkv": ("q_proj", "k_proj", "v_proj"), "fused_gate_up": ("gate_proj", "up_proj")}
+FUSED_GROUPS = {FUSED_QKV: ("q_proj", "k_proj", "v_proj"), FUSED_GATE_UP: ("gate_proj", "up_proj")}
 
 
 @dataclass(frozen=True)
 class Quantized:
     """What `quantize` did: the mode and how many of the model's matmul weights it quantized."""
 
-    mode: str
+    mode: WeightsMode
     layers: int
     kept_dense: int
 
@@ -190,29 +199,15 @@ def _dense_weight(module: nn.Module) -> torch.Tensor | None:
     return None
 
 
-def check_weights(mode: str, device: torch.device, dtype: torch.dtype | None) -> None:
-    """Refuse a mode this device or dtype cannot run, before any weights load."""
-    if mode not in WEIGHTS:
-        raise UserError(f"--weights {mode}: unknown; use {', '.join(WEIGHTS)}")
-    if mode == "dense":
-        return
-    if device.type != "cpu":
-        raise UserError(
-            f"--weights {mode} runs on torch's CPU kernels; use --device cpu, or --weights dense on {device.type}"
-        )
-    if dtype is not None and dtype != QUANTIZED_DTYPE:
-        raise UserError(f"--weights {mode} computes in bfloat16; leave --dtype at auto or give bfloat16")
-
-
-def quantize(model: nn.Module, mode: str) -> Quantized:
+def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
     """Replace a bfloat16 model's matmul layers with `mode` ones (the output head: int8), in
     place; the rest stays as loaded (float32 buffers such as the rotary frequencies included). A
     `+bf16` mode keeps each layer's bfloat16 weight for prompts (the tensor itself, not a copy,
     where the layer is not fused)."""
-    if mode == "dense":
+    if mode.dense:
         return Quantized(mode, 0, 0)
-    kind = _KINDS[mode.removesuffix(PROMPT_SUFFIX)]
-    keep = mode.endswith(PROMPT_SUFFIX)
+    kind = _KINDS[mode.quantized]
+    keep = mode.bf16_prompts
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     layers = _fuse_siblings(model, kind, keep)
     targets = [(name, module) for name, module in model.named_modules() if _dense_weight(module) is not None and name]
@@ -236,7 +231,7 @@ def _layer(
     kind: type[_QuantizedLinear], weight: torch.Tensor, bias: torch.Tensor | None, keep: bool
 ) -> _QuantizedLinear:
     """A `kind` layer of `weight`; with `keep` (a `+bf16` mode) it keeps the weight for prompts."""
-    layer = kind(weight, bias)
+    layer = kind.quantized(weight, bias)
     if keep:
         layer.prompt_weight = weight.detach().to(QUANTIZED_DTYPE)
     return layer
@@ -281,22 +276,25 @@ def _same_tensors(a: nn.Module, b: nn.Module) -> bool:
     return mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
 
 
-def quantized_copy(model: nn.Module, mode: str) -> nn.Module:
+def quantized_copy(model: nn.Module, mode: WeightsMode) -> nn.Module:
     """A `mode` copy of a bfloat16 model sharing every tensor `quantize` keeps (embeddings, norms),
     so a bench compares both in one process at the cost of the quantized weights only."""
     if next(model.parameters()).dtype != QUANTIZED_DTYPE:  # a cast would convert the shared tensors
-        raise UserError(f"@{mode} methods compare against a bfloat16 model; give --dtype bfloat16")
+        raise SettingError(
+            "dtype",
+            dtype_name(next(model.parameters()).dtype),
+            f"{mode} weights are compared with a bfloat16 model; use bfloat16",
+        )
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     twin = copy.deepcopy(model, memo=dict(shared))
     quantize(twin, mode)
     return twin
 
 
-def weights_mode(model: nn.Module) -> str:
-    """The `--weights` mode a model's layers were quantized with (an int4 model's head is int8)."""
+def weights_mode(model: nn.Module) -> WeightsMode:
+    """The mode a model's layers were quantized with (an int4 model's head is int8)."""
     layers = [module for module in model.modules() if isinstance(module, _QuantizedLinear)]
     modes = {layer.mode for layer in layers}
     if not modes:
-        return "dense"
-    mode = "int4" if "int4" in modes else "int8"
-    return mode + PROMPT_SUFFIX if any(layer.prompt_weight is not None for layer in layers) else mode
+        return DENSE
+    return WeightsMode("int4" if "int4" in modes else "int8", any(layer.prompt_weight is not None for layer in layers))

@@ -5,10 +5,12 @@ the model's generation config exactly as `tr chat` merges them)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from ..core.errors import SettingError
 from ..core.sampling_config import SamplingConfig, SamplingRequest
-from ..core.stopping import context_room
+from ..core.stopping import NoRoomForReply, reply_budget
+from ..engine.options import DEFAULT_MAX_NEW_TOKENS
 from ..text.conversation import ConversationEncoder, TemplateError
 from .errors import ApiError
 from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -25,8 +27,8 @@ class ServedModel:
     generation_config: object | None
     context_length: int | None
     max_depth: int  # how far past the cache a step's drafts reach
-    default_max_tokens: int = 1024
-    default_sampling: SamplingRequest | None = None
+    default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    default_sampling: SamplingRequest = field(default_factory=SamplingRequest)
 
     def __post_init__(self) -> None:
         self.encoder = ConversationEncoder(self.tokenizer)
@@ -64,10 +66,9 @@ class ServedModel:
         """New tokens allowed: what was asked (else the server's default), clamped to the room the
         context leaves; a prompt that leaves none is refused with the counts."""
         wanted = requested if requested is not None else self.default_max_tokens
-        room = context_room(self.context_length, 0, len(prompt), self.max_depth)
-        if room is None:
-            return wanted
-        if room < 1:
+        try:
+            return reply_budget(wanted, self.context_length, 0, len(prompt), self.max_depth)
+        except NoRoomForReply:
             raise ApiError(
                 400,
                 f"This model's maximum context length is {self.context_length} tokens; the prompt has "
@@ -75,27 +76,29 @@ class ServedModel:
                 "positions past it). Shorten the messages.",
                 param="messages",
                 code="context_length_exceeded",
-            )
-        return min(wanted, room)
+            ) from None
 
     def sampling(self, request: GenerationRequest) -> SamplingConfig:
-        base = self.default_sampling or SamplingRequest()
+        base = self.default_sampling
 
         def pick(name: str):
             given = getattr(request, name)
             return given if given is not None else getattr(base, name)
 
-        merged = SamplingRequest(
-            temperature=pick("temperature"),
-            top_p=pick("top_p"),
-            top_k=pick("top_k"),
-            repetition_penalty=pick("repetition_penalty"),
-            seed=pick("seed"),
-        )
         try:
+            merged = SamplingRequest(
+                temperature=pick("temperature"),
+                top_p=pick("top_p"),
+                top_k=pick("top_k"),
+                repetition_penalty=pick("repetition_penalty"),
+                seed=pick("seed"),
+            )
             return merged.resolve(self.generation_config)
-        except ValueError as exc:
-            raise ApiError(400, str(exc)) from None
+        except SettingError as exc:  # the request's field, or the model's generation config
+            field_given = getattr(request, exc.setting, None) is not None
+            raise ApiError(
+                400, f"{exc.setting} {exc.reason}, got {exc.value}", param=exc.setting if field_given else None
+            ) from None
 
     def job(self, request: ChatCompletionRequest | CompletionRequest) -> Job:
         """Everything checked before the job queues (an error here costs no decode time)."""

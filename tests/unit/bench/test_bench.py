@@ -12,7 +12,7 @@ from tr_cli.bench.metrics import summarize
 from tr_cli.bench.report import render, rows
 from tr_cli.bench.runner import run_bench
 from tr_cli.core import StepTimings
-from tr_cli.errors import UserError
+from tr_cli.errors import SettingError
 from tr_cli.text.prompts import PromptRecord
 
 runner = CliRunner()
@@ -112,33 +112,53 @@ def test_ar_ratio_and_step_split():
     assert body[2][-3:] == ["2.00×", "10.0%", "1/1"]
 
 
-def test_method_names_and_tree_variants():
-    from tr_cli.bench.methods import parse_methods, variant_tree
+def test_method_names_and_their_drafts():
+    from tr_cli.bench.methods import ONE_TOKEN, parse_methods
+    from tr_cli.core.drafters import DraftPlan
 
-    assert parse_methods(["baseline", "ar", "tr", "tr:paper"]) == ["baseline", "ar", "tr", "tr:paper"]
-    for bad in (["bogus"], ["tr:"], ["tr", "tr"], []):
-        with pytest.raises(UserError, match="--methods"):
-            parse_methods(bad)
-    assert variant_tree("tr:paper") == ("paper", None)
-    assert variant_tree("tr:auto+lookup0") == ("auto", 0)
-    assert variant_tree("tr:trees/x.json") == ("trees/x.json", None)
-    with pytest.raises(UserError, match="lookup length"):
-        variant_tree("tr:paper+lookupX")
+    plan = DraftPlan.parse("auto+lookup4")
+    methods = parse_methods(["baseline", "pld", "ar", "tr", "tr:paper", "tr:auto+lookup0"], plan, 8)
+    assert [m.name for m in methods] == ["baseline", "pld", "ar", "tr", "tr:paper", "tr:auto+lookup0"]
+    assert [m.plan for m in methods[:4]] == [None, None, ONE_TOKEN, plan]  # tr drafts as the command says
+    assert methods[1].prompt_lookup and not methods[0].prompt_lookup
+    assert methods[3].on_engine_decoder and not methods[4].on_engine_decoder
+    assert methods[4].plan == DraftPlan.parse("paper") and methods[5].plan == DraftPlan.parse("auto+lookup0")
+    assert ONE_TOKEN.name == "none"  # ar: one token per step, no sources
+    for bad, words in (
+        (["bogus"], "unknown method"),
+        (["tr:"], "unknown method"),
+        (["tr", "tr"], "listed twice"),
+        ([], "no method given"),
+        (["tr:paper+lookupX"], "unknown tree"),
+        (["tr:paper"], "candidate slot"),  # the paper's tree needs k >= 8
+    ):
+        with pytest.raises(SettingError, match=words) as caught:
+            parse_methods(bad, plan, 4 if bad == ["tr:paper"] else 8)
+        assert caught.value.setting == "methods"
 
 
 def test_weight_variants_compare_with_generate_on_the_same_weights():
     """METHOD@int8 is checked against baseline@int8 and measured against ar@int8, while its
     speedup stays over the dense baseline (what the quantization gains)."""
     from tr_cli.bench.methods import counterpart, parse_methods, split_weights
+    from tr_cli.core.drafters import DraftPlan
+    from tr_cli.models import WeightsMode
 
     names = ["baseline", "ar", "baseline@int8", "ar@int8", "tr@int8", "tr:paper@int4", "tr@int4+bf16"]
-    assert parse_methods(names) == names
+    methods = parse_methods(names, DraftPlan.of(), 8)
+    assert [m.name for m in methods] == names
+    modes = [WeightsMode.parse(w) for w in ("int8", "int8", "int8", "int4", "int4+bf16")]
+    assert [m.weights for m in methods] == [None, None, *modes]
     assert split_weights("tr:paper@int4") == ("tr:paper", "int4") and split_weights("tr") == ("tr", None)
     assert split_weights("tr:auto+lookup0@int4+bf16") == ("tr:auto+lookup0", "int4+bf16")
     assert counterpart("tr@int8", "baseline") == "baseline@int8" and counterpart("tr", "ar") == "ar"
-    for bad, message in ((["tr@int3"], "unknown weights @int3"), (["bogus@int8"], "unknown method bogus@int8")):
-        with pytest.raises(UserError, match=message):
-            parse_methods(bad)
+    for bad, message in (
+        (["tr@int3"], "weights int3: unknown"),
+        (["tr@dense"], "quantized"),
+        (["bogus@int8"], "unknown method"),
+    ):
+        with pytest.raises(SettingError, match=message):
+            parse_methods(bad, DraftPlan.of(), 8)
 
     prompts = [PromptRecord("a", "qa", ("xx",))]
     dense, quantized = {2: [1, 2, 3, 4, 5]}, {2: [1, 2, 9, 9, 9]}

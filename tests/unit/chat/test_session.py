@@ -26,9 +26,9 @@ from tr_cli.text.conversation import encode_prompt
 
 @pytest.fixture(scope="module")
 def tiny(tiny_llama_dir):
-    from tr_cli.models import load_model
+    from tr_cli.models import Runtime, load_model
 
-    return load_model(str(tiny_llama_dir), device="cpu", dtype="float32", cache=cache_dir())
+    return load_model(str(tiny_llama_dir), Runtime.resolve("cpu", "float32"), cache=cache_dir())
 
 
 def greedy(loaded, ids: list[int], max_new_tokens: int) -> list[int]:
@@ -310,7 +310,7 @@ def test_settings():
     assert settings.set("verbose", "") == "verbose = on" and settings.verbose
     assert settings.set("verbose", "off") == "verbose = off" and not settings.verbose
     assert settings.sampling_config(None).is_greedy
-    assert settings.set("top-p", "0.9") == "top_p = 0.9" and settings.top_p == 0.9
+    assert settings.set("top-p", "0.9") == "top_p = 0.9" and settings.sampling.top_p == 0.9
     # top_p without a temperature samples at the model's temperature (transformers' default: 1.0).
     assert settings.sampling_config(None) == SamplingConfig(temperature=1.0, top_k=50, top_p=0.9)
     assert settings.set("temperature", "0.7") == "temperature = 0.7"
@@ -319,8 +319,8 @@ def test_settings():
     assert settings.sampling_config(None) == SamplingConfig(
         temperature=0.7, top_k=5, top_p=0.9, repetition_penalty=1.2, seed=42
     )
-    assert settings.set("seed", "random") == "seed = random" and settings.seed is None
-    assert settings.set("top_k", "default") == "top_k = default" and settings.top_k is None
+    assert settings.set("seed", "random") == "seed = random" and settings.sampling.seed is None
+    assert settings.set("top_k", "default") == "top_k = default" and settings.sampling.top_k is None
     assert settings.set("temperature", "0") == "temperature = 0" and settings.sampling_config(None).is_greedy
     for key, value, words in (
         ("max_new_tokens", "0", "at least 1"),

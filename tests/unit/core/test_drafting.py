@@ -9,7 +9,7 @@ import torch
 
 from tr_cli.core import PRESETS, StopCondition, TokenRecyclingDecoder, TreeSpec
 from tr_cli.core.bounded_cache import BoundedCache
-from tr_cli.core.drafters import Draft, Drafter, Placement, Verification
+from tr_cli.core.drafters import Draft, Drafter, DraftPlan, Placement, Verification
 
 from tiny_models import EOS, random_prompt, reference, tiny_model
 
@@ -91,7 +91,9 @@ def test_wrong_drafts_beside_the_matrix_tree_change_nothing_but_speed(model):
     expected = reference(model, ids, 40)
     oracle = Oracle(expected, len(ids), length=5, wrong_every=3)
     small = TreeSpec.from_paths("small", [[0], [1], [0, 0]])
-    decoder = TokenRecyclingDecoder(model, tree=small, lookup_length=3, drafters=[oracle])
+    decoder = TokenRecyclingDecoder(
+        model, tree=small, drafters=[*DraftPlan.of(small, {"lookup": 3}).drafters("cpu"), oracle]
+    )
     result = decoder.generate(ids, StopCondition.build(40, [EOS]), keep_events=True)
     assert result.tokens == expected
     # Placed after the matrix tree (3 nodes) and, when it matched, the lookup chain (1 to 3 nodes).
@@ -107,12 +109,12 @@ def test_tree_buffers_stay_bounded_while_the_tree_is_redesigned(model):
     from tr_cli.core.design.cost_model import CostModel
 
     cost = CostModel((1, 8, 32, 128), (0.01, 0.011, 0.02, 0.08))
-    decoder = TokenRecyclingDecoder(model, cost=cost, lookup_length=4)
+    decoder = TokenRecyclingDecoder(model, cost=cost, drafters=DraftPlan.of(None, {"lookup": 4}).drafters("cpu"))
     decoder.matrix_tree.auto.every = 1  # redesign after every step
     for seed in range(4):
         decoder.reset()
         decoder.generate(random_prompt(8, seed), StopCondition.build(40, [EOS]))
-    assert len(decoder._planner._buffers) <= decoder._planner._buffers.size
+    assert len(decoder.merge._buffers) <= decoder.merge._buffers.size
     assert len(decoder.matrix_tree._buffers) <= decoder.matrix_tree._buffers.size
 
 

@@ -7,6 +7,7 @@ from tr_cli.core.attention import AttentionLayout, causal_visibility
 from tr_cli.core.decode import TokenRecyclingDecoder
 from tr_cli.core.forward import LlamaFamilyForward, ModelForward, grouped_sdpa, make_forward, shares_kv_heads
 from tr_cli.core.kv_cache import CompactingCache
+from tr_cli.models import WeightsMode
 from tr_cli.models.weights import quantize
 
 from tiny_models import ARCHITECTURES, random_prompt, tiny_model
@@ -63,7 +64,7 @@ def test_direct_logits_and_cache_equal_the_models_own(arch, weights):
     dtype = torch.float32 if weights == "float32" else torch.bfloat16
     model = tiny_model(arch, dtype=dtype)
     if weights.startswith("int"):  # the direct path then runs the fused q/k/v and gate/up layers
-        quantize(model, weights)
+        quantize(model, WeightsMode.parse(weights))
         assert hasattr(model.model.layers[0].mlp, "fused_gate_up")
     ids, tree = random_prompt(30, 1), random_prompt(7, 2)  # 30 > the sliding window of 12
     with torch.inference_mode():

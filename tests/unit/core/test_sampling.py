@@ -23,8 +23,9 @@ from transformers.generation import (
 )
 
 from tr_cli.core import PRESETS, StopCondition, TokenRecyclingDecoder, TreeBuffers, TreeSpec
+from tr_cli.core.errors import SettingError
 from tr_cli.core.sampling import Sampler, draw, positional_uniform, process_logits, sample_accept
-from tr_cli.core.sampling_config import HF_DEFAULTS, SamplingConfig, check_settings, ignored_generation_settings
+from tr_cli.core.sampling_config import HF_DEFAULTS, SamplingConfig, SamplingRequest, ignored_generation_settings
 
 from tiny_models import tiny_model
 
@@ -118,7 +119,7 @@ def test_resolve_merges_like_generate():
     "kwargs, words",
     [
         ({"temperature": -1.0}, "temperature must be 0 (greedy) or more"),
-        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": float("nan")}, "temperature must be 0"),
         ({"top_p": 2.0}, "top_p must be between 0 and 1"),
         ({"top_k": -3}, "top_k must be 0 (off) or more"),
         ({"repetition_penalty": 0.0}, "repetition_penalty must be more than 0"),
@@ -126,9 +127,11 @@ def test_resolve_merges_like_generate():
     ],
 )
 def test_bad_settings(kwargs, words):
-    assert words in check_settings(**kwargs)
-    with pytest.raises(ValueError, match=words.split(" (")[0]):
-        SamplingConfig(**kwargs)
+    setting, reason = words.split(" ", 1)
+    for make in (SamplingConfig, SamplingRequest):  # as resolved, and as a user gave them
+        with pytest.raises(SettingError) as caught:
+            make(**kwargs)
+        assert caught.value.setting == setting and caught.value.reason.startswith(reason)
 
 
 def test_processing_matches_generate_processed_scores():

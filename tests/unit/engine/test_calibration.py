@@ -134,6 +134,7 @@ def test_a_bad_cached_calibration_is_measured_again_and_replaced(home):
     )
 
 
+@pytest.mark.slow  # starts a subprocess that keeps a core busy
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="other processes' CPU time is read from /proc/stat")
 def test_a_measurement_taken_while_the_machine_is_busy_is_used_but_not_cached(home):
     """A t(N) measured beside another heavy process is several times too high; cached, it would

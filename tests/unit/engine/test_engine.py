@@ -6,40 +6,23 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from tr_cli.core import PRESETS, TokenRecyclingDecoder
 from tr_cli.core.design.acceptance_stats import AcceptanceStats
 from tr_cli.core.design.cost_model import CALIBRATION_SIZES
-from tr_cli.core.drafters import ConversationLookupDrafter, MatrixTreeDrafter, StoreLookupDrafter
-from tr_cli.core.drafters.conversation_lookup import DEFAULT_LOOKUP_LENGTH
+from tr_cli.core.drafters import ConversationLookupDrafter, DraftPlan, MatrixTreeDrafter, StoreLookupDrafter
 from tr_cli.engine.calibration import load_or_calibrate
-from tr_cli.engine.choices import EngineOptions, TreeChoice
 from tr_cli.engine.engine import Engine
+from tr_cli.engine.options import DecodingOptions
 from tr_cli.store.acceptance_file import acceptance_path, load_acceptance, save_acceptance
 from tr_cli.store.hot_matrix import Saved
-from tr_cli.store.recycled_file import read_store, store_path
+from tr_cli.store.recycled_file import read_recycled_store, recycled_store_path
 
 from tiny_models import tiny_model
 
 # These tests are about the cache, not the machine: cache whatever else runs meanwhile.
 ANY_LOAD = float("inf")
-
-
-def test_tree_choice_defaults():
-    auto = TreeChoice.of(None, None)
-    assert (auto.spec, auto.lookup_length, auto.name) == (
-        None,
-        DEFAULT_LOOKUP_LENGTH,
-        f"auto+lookup{DEFAULT_LOOKUP_LENGTH}",
-    )
-    paper = TreeChoice.of(PRESETS["paper"], None)
-    assert (paper.lookup_length, paper.name) == (0, "paper")
-    assert TreeChoice.of(PRESETS["paper"], 4).name == "paper+lookup4"
-    assert TreeChoice.of(None, 0).name == "auto"
-    with pytest.raises(ValueError):
-        TreeChoice.of(None, -1)
 
 
 def test_stats_live_beside_the_matrix(tmp_path):
@@ -105,16 +88,16 @@ def test_calibration_leaves_the_conversation_cache_alone(home):
 def test_engine_designs_a_tree_for_auto_that_drafts_from_the_store(home, tiny_llama_dir):
     from tr_cli.core import StopCondition
 
-    options = EngineOptions(model=str(tiny_llama_dir), device="cpu", dtype="float32", tree=TreeChoice.of(None, None))
+    options = DecodingOptions.parse(model=str(tiny_llama_dir), device="cpu", dtype="float32", tree="auto")
     engine = Engine.open(options)
     auto = engine.decoder
     assert auto.designed and auto.tree.name.startswith("auto")
     assert [type(d) for d in auto.drafters] == [MatrixTreeDrafter, ConversationLookupDrafter, StoreLookupDrafter]
     assert auto.drafters[-1].store is engine.hot.store
-    fixed = engine.make_decoder(TreeChoice.of(PRESETS["paper"], None), fork=True)
+    fixed = engine.make_decoder(DraftPlan.parse("paper"), fork=True)
     assert not fixed.designed and fixed.tree == PRESETS["paper"] and len(fixed.drafters) == 1  # the paper's method
     assert fixed.matrix is not auto.matrix and torch.equal(fixed.matrix, auto.matrix)  # a copy, never saved
-    forked = engine.make_decoder(TreeChoice.of(None, 0), fork=True)
+    forked = engine.make_decoder(DraftPlan.parse("auto+lookup0"), fork=True)
     assert forked.drafters[-1].store is not engine.hot.store  # a fork's conversations stay its own
 
     started = len(engine.hot.store.documents)  # the starter's, for this (SmolLM2's) tokenizer
@@ -126,7 +109,7 @@ def test_engine_designs_a_tree_for_auto_that_drafts_from_the_store(home, tiny_ll
     assert periodic.documents == 0 and auto.tokens == conversation
     saved = engine.save()
     assert saved.documents == 1 and saved.tokens == len(conversation) and auto.tokens == []
-    stored = read_store(store_path(engine.hot.path))
+    stored = read_recycled_store(recycled_store_path(engine.hot.path))
     assert [doc.tokens.tolist() for doc in stored.documents[started:]] == [conversation]
     assert engine.save() == Saved()  # nothing new
 
@@ -134,13 +117,11 @@ def test_engine_designs_a_tree_for_auto_that_drafts_from_the_store(home, tiny_ll
 def test_no_save_and_a_fixed_tree_leave_the_store_alone(home, tiny_llama_dir):
     from tr_cli.core import StopCondition
 
-    options = EngineOptions(
-        model=str(tiny_llama_dir), device="cpu", dtype="float32", tree=TreeChoice.of(PRESETS["paper"], None), save=False
-    )
+    options = DecodingOptions.parse(model=str(tiny_llama_dir), device="cpu", dtype="float32", tree="paper", save=False)
     engine = Engine.open(options)
     assert len(engine.decoder.drafters) == 1
     engine.decoder.generate(
         engine.loaded.tokenizer.encode("Hello there, how are you today?"), StopCondition.build(4, [])
     )
     assert engine.save() == Saved()
-    assert not engine.hot.path.exists() and not store_path(engine.hot.path).exists()
+    assert not engine.hot.path.exists() and not recycled_store_path(engine.hot.path).exists()

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tr_cli.cli import app
-from tr_cli.models import load_model, load_tokenizer
+from tr_cli.models import Runtime, load_model, load_tokenizer
 from tr_cli.store.paths import cache_dir
 
 CONFIG_ROWS, OUTPUT_ROWS = 384, 320
@@ -83,7 +83,9 @@ def test_the_two_sizes_really_differ(padded_dir):
 def test_loaded_and_unloaded_models_agree_on_the_rows(padded_dir):
     _, rows, _ = load_tokenizer(str(padded_dir), cache=cache_dir())
     assert (
-        rows == load_model(str(padded_dir), device="cpu", dtype="float32", cache=cache_dir()).vocab_size == OUTPUT_ROWS
+        rows
+        == load_model(str(padded_dir), Runtime.resolve("cpu", "float32"), cache=cache_dir()).vocab_size
+        == OUTPUT_ROWS
     )
 
 

@@ -12,12 +12,12 @@ from tr_cli.core.matrix import output_vocab_size
 from tr_cli.core.step_scope import decoding_step, in_decoding_step
 from tr_cli.core.tree import PRESETS
 from tr_cli.engine.calibration import calibration_key, model_shape
-from tr_cli.errors import UserError
+from tr_cli.errors import SettingError
+from tr_cli.models import Runtime, WeightsMode
 from tr_cli.models.weights import (
     INT4_GROUP,
     Int4Linear,
     Int8Linear,
-    check_weights,
     quantize,
     quantized_copy,
     weights_mode,
@@ -50,7 +50,7 @@ def test_layer_computes_x_times_its_dequantized_weight(kind, dequantize):
     torch.manual_seed(0)
     weight, bias = torch.randn(48, 96) * 0.05, torch.randn(48)
     x = torch.randn(2, 5, 96).bfloat16()
-    layer = kind(weight, bias)
+    layer = kind.quantized(weight, bias)
     expected = x.float() @ dequantize(weight).t() + bias.bfloat16().float()
     out = layer(x)
     assert out.shape == (2, 5, 48) and out.dtype == torch.bfloat16
@@ -68,7 +68,7 @@ def test_int4_groups_follow_the_weight_not_a_global_scale():
     weight[:, 32:] = torch.linspace(-10, 10, 32)
     x = torch.zeros(1, 64, dtype=torch.bfloat16)
     x[0, :32] = 1
-    out = Int4Linear(weight, None)(x).float()
+    out = Int4Linear.quantized(weight, None)(x).float()
     assert out.abs().max() < 1e-2  # sum of the small group (≈0), not a 10/15 quantization step
 
 
@@ -76,13 +76,13 @@ def test_quantize_replaces_every_matmul_and_the_head():
     model = tiny_model("llama", dtype=torch.bfloat16)
     linears = sum(isinstance(m, nn.Linear) for m in model.modules())
     embedding = model.get_input_embeddings().weight.clone()
-    done = quantize(model, "int8")
+    done = quantize(model, WeightsMode.parse("int8"))
     assert (done.layers, done.kept_dense) == (linears, 0)
     assert not any(isinstance(m, nn.Linear) for m in model.modules())
     assert isinstance(model.get_output_embeddings(), Int8Linear)
     assert torch.equal(model.get_input_embeddings().weight, embedding)
     assert output_vocab_size(model) == model.config.vocab_size
-    assert weights_mode(model) == "int8"
+    assert weights_mode(model).name == "int8"
 
 
 class _Attention(nn.Module):
@@ -93,21 +93,30 @@ class _Attention(nn.Module):
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(64, size) for size in sizes)
 
 
+def _int4_packing_keeps_rows_apart() -> bool:
+    """Whether this CPU's int4 packing holds rows 64..96 of a weight exactly as packing those rows
+    alone does: torch's AVX-512 packing interleaves blocks of 64 rows, its AVX2 packing does not."""
+    weight = torch.randn(128, 64, generator=torch.Generator().manual_seed(1))
+    whole = Int4Linear.quantized(weight, None).weight_int4[64:96]
+    return torch.equal(whole, Int4Linear.quantized(weight[64:96], None).weight_int4)
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_fused_siblings_are_row_views_computing_what_separate_layers_compute(mode):
     """q/k/v are quantized as one layer; each sibling is a view of its rows and computes bit for
     bit what the sibling quantized on its own computes. Where torch's int4 packing would mix two
-    siblings' rows (it interleaves blocks of rows), they stay separate layers."""
+    siblings' rows (on AVX-512 it interleaves blocks of 64 rows), they stay separate layers."""
     torch.manual_seed(0)
     x = torch.randn(3, 64).bfloat16()
-    for sizes, fuses in (((128, 64, 64), True), ((64, 32, 32), mode == "int8")):
+    row_views_exact = mode == "int8" or _int4_packing_keeps_rows_apart()
+    for sizes, fuses in (((128, 64, 64), True), ((64, 32, 32), row_views_exact)):
         model = _Attention(sizes).bfloat16()
         alone = {}
         for name in ("q_proj", "k_proj", "v_proj"):
             holder = nn.Sequential(copy.deepcopy(getattr(model, name)))
-            quantize(holder, mode)
+            quantize(holder, WeightsMode.parse(mode))
             alone[name] = holder[0]
-        assert quantize(model, mode).layers == 3
+        assert quantize(model, WeightsMode.parse(mode)).layers == 3
         assert hasattr(model, "fused_qkv") == fuses
         pieces = []
         for name in ("q_proj", "k_proj", "v_proj"):
@@ -127,21 +136,21 @@ def test_fused_siblings_are_row_views_computing_what_separate_layers_compute(mod
 def test_int4_keeps_the_output_head_at_int8():
     model = tiny_model("llama", dtype=torch.bfloat16)
     linears = sum(isinstance(m, nn.Linear) for m in model.modules())
-    assert quantize(model, "int4").layers == linears
+    assert quantize(model, WeightsMode.parse("int4")).layers == linears
     assert type(model.get_output_embeddings()) is Int8Linear
     assert type(model.model.layers[0].mlp.down_proj) is Int4Linear
-    assert weights_mode(model) == "int4"
+    assert weights_mode(model).name == "int4"
 
 
 def test_gpt2_conv1d_layers_are_quantized_too():
     model = tiny_model("gpt2", dtype=torch.bfloat16)
-    assert quantize(model, "int4").kept_dense == 0
+    assert quantize(model, WeightsMode.parse("int4")).kept_dense == 0
     assert type(model.transformer.h[0].attn.c_attn) is Int4Linear
 
 
 def test_int4_keeps_layers_the_kernel_cannot_take_dense():
     model = nn.Sequential(nn.Linear(64, 32), nn.Linear(32, 8), nn.Linear(40, 16)).bfloat16()
-    done = quantize(model, "int4")
+    done = quantize(model, WeightsMode.parse("int4"))
     assert (done.layers, done.kept_dense) == (1, 2)  # out 8 is not a multiple of 16; in 40 not of 32
     assert isinstance(model[0], Int4Linear) and isinstance(model[1], nn.Linear)
 
@@ -150,16 +159,16 @@ def test_quantized_copy_shares_what_it_keeps_and_leaves_the_original_dense():
     model = tiny_model("llama", dtype=torch.bfloat16)
     ids = torch.tensor([random_prompt(12, 0)])
     before = model(ids).logits
-    twin = quantized_copy(model, "int8")
-    assert weights_mode(model) == "dense" and weights_mode(twin) == "int8"
+    twin = quantized_copy(model, WeightsMode.parse("int8"))
+    assert weights_mode(model).name == "dense" and weights_mode(twin).name == "int8"
     assert torch.equal(model(ids).logits, before)
     assert twin.get_input_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     assert not torch.equal(twin(ids).logits, before)  # it does run other weights
 
 
 def test_quantized_copy_refuses_a_float32_model():
-    with pytest.raises(UserError, match="bfloat16"):
-        quantized_copy(tiny_model("llama"), "int8")
+    with pytest.raises(SettingError, match="bfloat16"):
+        quantized_copy(tiny_model("llama"), WeightsMode.parse("int8"))
 
 
 @pytest.mark.parametrize("mode", ["int8+bf16", "int4+bf16"])
@@ -170,8 +179,8 @@ def test_bf16_modes_run_prompts_on_the_bf16_weights_and_tokens_on_the_quantized_
     torch.manual_seed(0)
     dense = nn.Sequential(nn.Linear(64, 32)).bfloat16()
     plain, fast = copy.deepcopy(dense), copy.deepcopy(dense)
-    quantize(plain, mode.removesuffix("+bf16"))
-    quantize(fast, mode)
+    quantize(plain, WeightsMode.parse(mode.removesuffix("+bf16")))
+    quantize(fast, WeightsMode.parse(mode))
     assert plain[0].prompt_weight is None
     assert torch.equal(fast[0].prompt_weight, dense[0].weight)
     x = torch.randn(7, 64).bfloat16()
@@ -184,14 +193,17 @@ def test_bf16_modes_run_prompts_on_the_bf16_weights_and_tokens_on_the_quantized_
     assert not in_decoding_step()
     assert torch.equal(step, plain(x))
     assert torch.equal(step, torch.cat([fast(row[None]) for row in x]))
-    assert weights_mode(fast) == mode and weights_mode(plain) == mode.removesuffix("+bf16")
+    assert weights_mode(fast).name == mode and weights_mode(plain).name == mode.removesuffix("+bf16")
 
 
 def test_a_bf16_mode_head_gives_the_prompts_last_row_as_generate_computes_it():
     """`generate` asks the head for a prompt's last position only: one row, so quantized. The
     head computes that row so too; the other rows (they seed the matrix) on the bf16 weight."""
     model = tiny_model("llama", dtype=torch.bfloat16)
-    plain, fast = quantized_copy(model, "int4"), quantized_copy(model, "int4+bf16")
+    plain, fast = (
+        quantized_copy(model, WeightsMode.parse("int4")),
+        quantized_copy(model, WeightsMode.parse("int4+bf16")),
+    )
     dense_head, head, quantized_head = model.lm_head, fast.lm_head, plain.lm_head
     assert head.head and not fast.model.layers[0].mlp.down_proj.head
     x = torch.randn(6, model.config.hidden_size).bfloat16()
@@ -207,7 +219,7 @@ def test_a_bf16_mode_computes_a_prompt_as_the_dense_model_and_keeps_float32_buff
     model = tiny_model("llama", dtype=torch.bfloat16)
     rotary = model.model.rotary_emb
     rotary.inv_freq = rotary.inv_freq.float()  # as from_pretrained leaves it
-    twin = quantized_copy(model, "int4+bf16")
+    twin = quantized_copy(model, WeightsMode.parse("int4+bf16"))
     assert twin.model.rotary_emb.inv_freq.dtype == torch.float32
     ids = torch.tensor([random_prompt(24, 3)])
     with torch.inference_mode():
@@ -216,7 +228,7 @@ def test_a_bf16_mode_computes_a_prompt_as_the_dense_model_and_keeps_float32_buff
 
 def test_bf16_prompt_weights_are_shared_with_the_dense_model_and_viewed_by_fused_siblings():
     model = tiny_model("llama", dtype=torch.bfloat16)
-    twin = quantized_copy(model, "int4+bf16")
+    twin = quantized_copy(model, WeightsMode.parse("int4+bf16"))
     dense_mlp, mlp = model.model.layers[0].mlp, twin.model.layers[0].mlp
     assert mlp.down_proj.prompt_weight.data_ptr() == dense_mlp.down_proj.weight.data_ptr()  # no copy
     fused = mlp.fused_gate_up.prompt_weight
@@ -230,7 +242,7 @@ def test_the_decoder_runs_prompts_as_prompts_and_its_steps_as_decoding_steps():
     """What a `+bf16` model needs from the decoder: its prefill outside decoding_step, every
     drafted step (and the t(N) calibration's) inside."""
     model = tiny_model("llama", dtype=torch.bfloat16)
-    quantize(model, "int4+bf16")
+    quantize(model, WeightsMode.parse("int4+bf16"))
     calls: list[tuple[int, bool]] = []
     layer = model.model.layers[0].mlp.down_proj
     handle = layer.register_forward_pre_hook(lambda _, args: calls.append((args[0].shape[1], in_decoding_step())))
@@ -251,7 +263,7 @@ def test_one_token_decoding_equals_generate_on_the_quantized_model(arch, mode):
     `generate`'s tokens on the same quantized model (with `+bf16`, the prompt runs on the
     bfloat16 weights in both)."""
     model = tiny_model(arch, dtype=torch.bfloat16)
-    quantize(model, mode)
+    quantize(model, WeightsMode.parse(mode))
     decoder = TokenRecyclingDecoder(model, tree=PRESETS["none"])
     for seed, (length, budget) in enumerate([(5, 1), (9, 7), (20, 40), (150, 12)]):
         ids = random_prompt(length, seed)
@@ -259,25 +271,23 @@ def test_one_token_decoding_equals_generate_on_the_quantized_model(arch, mode):
         assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
 
 
-def test_check_weights_refuses_what_cannot_run():
-    check_weights("dense", torch.device("cuda"), torch.float16)  # dense runs anywhere
-    check_weights("int8", CPU, None)
-    check_weights("int4", CPU, torch.bfloat16)
-    check_weights("int4+bf16", CPU, None)
-    with pytest.raises(UserError, match="--weights int3: unknown; use dense, int8, int4"):
-        check_weights("int3", CPU, None)
-    with pytest.raises(UserError, match="CPU kernels; use --device cpu"):
-        check_weights("int8", torch.device("cuda"), None)
-    with pytest.raises(UserError, match="computes in bfloat16"):
-        check_weights("int4", CPU, torch.float32)
+def test_runtime_refuses_weights_that_cannot_run():
+    assert Runtime.resolve("cpu", "float16", "dense").dtype == torch.float16  # dense runs in any dtype
+    assert Runtime.resolve("cpu", "auto", "int8") == Runtime(CPU, torch.bfloat16, WeightsMode("int8"))
+    assert Runtime.resolve("cpu", "bfloat16", "int4").weights.name == "int4"
+    assert Runtime.resolve("cpu", "auto", "int4+bf16").weights == WeightsMode("int4", bf16_prompts=True)
+    with pytest.raises(SettingError, match="weights int3: unknown; use dense, int8, int4"):
+        Runtime.resolve("cpu", "auto", "int3")
+    with pytest.raises(SettingError, match="weights int4: computes in bfloat16"):
+        Runtime.resolve("cpu", "float32", "int4")
 
 
 def test_calibration_key_tells_weights_apart_and_keeps_dense_keys():
     dense = tiny_model("llama", dtype=torch.bfloat16)
     assert "weights" not in model_shape(dense)  # dense models keep the keys cached before --weights
-    int8 = quantized_copy(dense, "int8")
-    int4 = quantized_copy(dense, "int4")
-    fast = quantized_copy(dense, "int4+bf16")
+    int8 = quantized_copy(dense, WeightsMode.parse("int8"))
+    int4 = quantized_copy(dense, WeightsMode.parse("int4"))
+    fast = quantized_copy(dense, WeightsMode.parse("int4+bf16"))
     keys = {calibration_key(m, CPU, torch.bfloat16, 8) for m in (dense, int8, int4, fast)}
     assert len(keys) == 4
 

@@ -1,11 +1,16 @@
-"""Lay the drafters' proposals side by side under one root, as the tree one forward pass verifies.
+"""How a step's drafts become the one tree a forward pass verifies: the protocol both ways share,
+and the plain way.
 
-The first draft keeps its node order and slots (the matrix tree, when it drafts, stays level by
-level at the front); every later draft's nodes follow, re-parented onto the shared root, their
-slots marked EXTERNAL. The merged tree's buffers are built once per combination of shapes.
+`DraftMerger` lays the proposals side by side under one root: the first draft keeps its node
+order and slots (the matrix tree, when it drafts, stays level by level at the front); every later
+draft's nodes follow, re-parented onto the shared root, their slots marked EXTERNAL. The merged
+tree's buffers are built once per combination of shapes. With a cost model the decoder uses
+planner.DraftPlanner instead, which keeps only the nodes that pay.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import torch
 
@@ -15,7 +20,19 @@ from ..tree_buffers import TreeBuffers
 from .base import Draft, Placement
 
 
+class TreeMerge(Protocol):
+    def plan(self, root: int, drafts: list[Draft]) -> tuple[TreeBuffers, torch.Tensor, tuple[Placement, ...]]:
+        """The merged tree's buffers, its tokens (root first) and where each draft's nodes went."""
+        ...
+
+    def observe(self, seconds: float, accepted: int) -> None:
+        """How the last plan went: the step's wall time and the drafts it accepted."""
+        ...
+
+
 class DraftMerger:
+    """Every draft verified whole."""
+
     def __init__(self, device: torch.device | str, cache_size: int = 32) -> None:
         self.device = torch.device(device)
         self._merged: BoundedCache[tuple[TreeBuffers, tuple[Placement, ...]]] = BoundedCache(cache_size)
@@ -31,7 +48,7 @@ class DraftMerger:
         spec = TreeSpec.merge(specs) if specs else PRESETS["none"]
         return TreeBuffers.build(spec, self.device), tuple(placements)
 
-    def merge(self, root: int, drafts: list[Draft]) -> tuple[TreeBuffers, torch.Tensor, tuple[Placement, ...]]:
+    def plan(self, root: int, drafts: list[Draft]) -> tuple[TreeBuffers, torch.Tensor, tuple[Placement, ...]]:
         """The merged tree's buffers, its tokens (root first) and where each draft's nodes went."""
         specs = tuple([draft.spec for draft in drafts])
         buffers, placements = self._merged.get(specs, lambda: self._build(drafts))
@@ -42,3 +59,6 @@ class DraftMerger:
         else:
             tokens = torch.cat([drafts[0].tokens, *(draft.tokens[1:] for draft in drafts[1:])])
         return buffers, tokens, placements
+
+    def observe(self, seconds: float, accepted: int) -> None:
+        """Nothing to learn: every draft is verified whole."""

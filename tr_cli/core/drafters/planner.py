@@ -47,6 +47,8 @@ class _Ratio:
 
 
 class DraftPlanner:
+    """Every step's tree planned for a cost model (merge.TreeMerge)."""
+
     def __init__(self, cost: CostModel, device: torch.device | str, cache_size: int = 64) -> None:
         self.cost = cost
         self.device = torch.device(device)

@@ -147,7 +147,7 @@ def test_merged_draft_is_the_matrix_tree_then_the_lookup():
     matrix = torch.arange(40 * 8, dtype=torch.int32).view(40, 8) % 40
     tree, lookup = MatrixTreeDrafter(matrix, SMALL), ConversationLookupDrafter(4, branches=1)
     lookup.extend([3, 11, 12, 13, 14, 3])
-    buffers, tokens, placements = DraftMerger("cpu").merge(3, [tree.propose(3), lookup.propose(3)])
+    buffers, tokens, placements = DraftMerger("cpu").plan(3, [tree.propose(3), lookup.propose(3)])
     assert buffers.spec == with_chain(SMALL, 4)
     assert tokens[:5].tolist() == draft_tree(matrix, 3, TreeBuffers.build(SMALL)).tolist()
     assert tokens[5:].tolist() == [11, 12, 13, 14]
