@@ -89,7 +89,7 @@ def main() -> None:
     ar_rate = totals["ar"][0] / totals["ar"][1]
     lines = [
         f"# Stale store guard: {len(records)} own prompts ({args.categories}), first turn, "
-        f"{args.max_new_tokens} tokens, {loaded.dtype_name}, store of {store.total_tokens:,} tokens of "
+        f"{args.max_new_tokens} tokens, {loaded.runtime.dtype_name}, store of {store.total_tokens:,} tokens of "
         "Python stdlib source (unrelated), matrices cold",
         "",
         "| decoder | tok/s | vs ar | MAT |",

@@ -103,9 +103,12 @@ def main() -> None:
     variants = {
         "paper": dict(tree=PRESETS["paper"]),
         "auto": dict(cost=cost),
-        "auto+lookup": dict(cost=cost, drafters=DraftPlan.of(None, {"lookup": 10, "store": 0}).drafters(loaded.device)),
+        "auto+lookup": dict(
+            cost=cost, drafters=DraftPlan.of(None, {"lookup": 10, "store": 0}).drafters(loaded.runtime.device)
+        ),
         "paper+lookup": dict(
-            tree=PRESETS["paper"], drafters=DraftPlan.of(PRESETS["paper"], {"lookup": 10}).drafters(loaded.device)
+            tree=PRESETS["paper"],
+            drafters=DraftPlan.of(PRESETS["paper"], {"lookup": 10}).drafters(loaded.runtime.device),
         ),
     }
     decoders = {}

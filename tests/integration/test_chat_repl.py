@@ -63,7 +63,7 @@ def make_app(
     system: str | None = None,
     store: bool = False,
 ):
-    hot = HotMatrix.open(loaded.tokenizer, loaded.vocab_size, loaded.model_id, k=8, device=loaded.device)
+    hot = HotMatrix.open(loaded.tokenizer, loaded.vocab_size, loaded.model_id, k=8, device=loaded.runtime.device)
     decoder = TokenRecyclingDecoder(
         loaded.model, matrix=hot.matrix, drafters=[StoreLookupDrafter(hot.store)] if store else []
     )

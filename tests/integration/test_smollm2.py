@@ -27,7 +27,7 @@ def greedy(loaded, ids: list[int], max_new_tokens: int) -> list[int]:
 
 def test_packaged_model_loads_as_expected(smollm2_fp32):
     assert smollm2_fp32.model.config.model_type == "llama"
-    assert smollm2_fp32.dtype == torch.float32
+    assert smollm2_fp32.runtime.dtype == torch.float32
     assert smollm2_fp32.model.get_output_embeddings().weight.shape[0] == 49152
     assert smollm2_fp32.eos_token_ids == [2]
     assert "<|im_start|>" in smollm2_fp32.tokenizer.decode(encode_prompt(smollm2_fp32.tokenizer, "hi"))

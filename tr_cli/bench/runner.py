@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..core.events import StepTimings, mean_accepted_tokens, tokens_per_second
-from ..core.stopping import NoRoomForReply, reply_budget
+from ..core.stopping import context_room
 from ..text.conversation import ConversationEncoder, messages_of
 from ..text.prompts import PromptRecord
 from .distribution import DistributionCheck
@@ -88,11 +88,8 @@ def over_context(
         texts = record.turns if turns == "all" else record.turns[:1]
         history = [(text, "") for text in texts[:-1]]
         held = len(encode(history, texts[-1])) + (len(texts) - 1) * max_new_tokens
-        try:
-            fits = reply_budget(max_new_tokens, context, 0, held, max_depth) == max_new_tokens
-        except NoRoomForReply:
-            fits = False
-        if not fits:  # every method must have the whole budget, or their outputs do not compare
+        # Every method needs the whole budget (not a clamped one), or their outputs do not compare.
+        if context_room(context, 0, held, max_depth) < max_new_tokens:
             over.append((record, held + max_new_tokens + max_depth))
     return over
 

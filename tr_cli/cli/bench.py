@@ -89,7 +89,7 @@ def _select(
     return records
 
 
-@decoding_options(model="option")
+@decoding_options(model_as_option=True)
 def bench(
     prompts_file: PromptsFile = SAMPLE,
     methods: Methods = "baseline,pld,tr",
@@ -209,10 +209,10 @@ def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> di
     loaded, hot, sampling = engine.loaded, engine.hot, engine.sampling
     return environment(
         model=loaded.model_id,
-        device=str(loaded.device),
-        device_name=device_name(loaded.device),
-        dtype=loaded.dtype_name,
-        weights=loaded.weights.name,
+        device=str(loaded.runtime.device),
+        device_name=device_name(loaded.runtime.device),
+        dtype=loaded.runtime.dtype_name,
+        weights=loaded.runtime.weights.name,
         tree=drafts.get("tr"),
         trees=drafts or None,
         matrix=hot.describe() if hot else "unused",

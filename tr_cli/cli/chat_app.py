@@ -79,7 +79,7 @@ class ChatApp:
         return "\n".join(
             [
                 f"{loaded.model_id}",
-                f"  {loaded.dtype_name} on {loaded.device}, {params / 1e6:,.1f}M parameters, "
+                f"  {loaded.runtime.dtype_name} on {loaded.runtime.device}, {params / 1e6:,.1f}M parameters, "
                 f"vocabulary {loaded.vocab_size:,}, context {f'{context:,}' if context else 'unknown'} tokens",
                 f"  draft {decoder.describe()}: depth {tree.depth}, "
                 f"widths {'/'.join(map(str, tree.widths()))}; k = {decoder.k}",

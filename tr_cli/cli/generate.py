@@ -129,7 +129,7 @@ def _compare(
     tr_tps: float,
     sampling: SamplingConfig,
 ) -> None:
-    ids = torch.tensor([input_ids], device=loaded.device)
+    ids = torch.tensor([input_ids], device=loaded.runtime.device)
     pad = loaded.eos_token_ids[0] if loaded.eos_token_ids else 0
     if not sampling.is_greedy:
         torch.manual_seed(sampling.seed if sampling.seed is not None else 0)

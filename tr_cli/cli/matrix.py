@@ -124,7 +124,7 @@ def init(
     with flag_words():
         check_rebuild(path, overwrite=force)
     ids = token_lists(loaded.tokenizer, texts)
-    live = new_matrix(loaded.vocab_size, k, loaded.device)
+    live = new_matrix(loaded.vocab_size, k, loaded.runtime.device)
     total = sum(len(chunk) for chunk in ids)
     with progress_bar(TimeRemainingColumn()) as progress:
         task = progress.add_task(f"Prefilling {len(texts)} texts", total=total)

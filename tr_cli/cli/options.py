@@ -193,22 +193,22 @@ DECODING_PARAMETERS = (
 Command = TypeVar("Command", bound=Callable[..., None])
 
 
-def decoding_options(model: str = "argument") -> Callable[[Command], Command]:
+def decoding_options(model_as_option: bool = False) -> Callable[[Command], Command]:
     """Add the shared decoding parameters to a Typer command whose own parameters end with
     `*, options: DecodingOptions` (the shared ones follow the command's own in --help too).
-    `model`: "argument" (MODEL, positional) or "option" (--model/-m, for a command whose
-    argument is something else)."""
-    if model == "argument":  # positional, before the command's own parameters
+    The model is the positional MODEL argument, or with `model_as_option` --model/-m (for a
+    command whose argument is something else)."""
+    if model_as_option:
+        model_parameter = _parameter("model", ModelOption, None)
+    else:  # positional, before the command's own parameters
         model_parameter = inspect.Parameter(
             "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ModelArgument, default=None
         )
-    else:
-        model_parameter = _parameter("model", ModelOption, None)
     names = ["model", *(p.name for p in DECODING_PARAMETERS)]
 
     def wrap(command: Command) -> Command:
         own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "options"]
-        before, after = ([model_parameter], []) if model == "argument" else ([], [model_parameter])
+        before, after = ([], [model_parameter]) if model_as_option else ([model_parameter], [])
         parameters = [*before, *own, *after, *DECODING_PARAMETERS]
 
         @functools.wraps(command)

@@ -62,7 +62,7 @@ class Engine:
                 loaded.vocab_size,
                 loaded.model_id,
                 k=options.k,
-                device=loaded.device,
+                device=loaded.runtime.device,
                 path=options.matrix,
                 cold=options.cold,
                 save=options.save,
@@ -84,7 +84,7 @@ class Engine:
             matrix=hot.matrix,
             tree=plan.tree,
             acceptance=hot.acceptance,
-            drafters=plan.drafters(self.loaded.device, hot.store),
+            drafters=plan.drafters(self.loaded.runtime.device, hot.store),
             sampling=self.sampling,
             # A designed tree: t(N) read from the calibration cache, or measured with the decoder.
             cost=lambda decoder: load_or_calibrate(
@@ -95,9 +95,11 @@ class Engine:
     def quantized_model(self, weights: WeightsMode) -> torch.nn.Module:
         """The loaded model with `weights` matmuls (models/weights.py), made once and kept, sharing
         the loaded model's other tensors: what `tr bench`'s METHOD@int8 variants run on."""
-        if not self.loaded.weights.dense:
+        if not self.loaded.runtime.weights.dense:
             raise SettingError(
-                "weights", self.loaded.weights, f"{weights} variants are made from the dense model; load it dense"
+                "weights",
+                self.loaded.runtime.weights,
+                f"{weights} variants are made from the dense model; load it dense",
             )
         if weights not in self._quantized:
             self.status(f"Quantizing a copy of {self.loaded.model_id}'s weights to {weights}")
@@ -120,7 +122,7 @@ class Engine:
         parts = [
             loaded.model_id,
             loaded.runtime.describe(),
-            str(loaded.device),
+            str(loaded.runtime.device),
             f"{torch.get_num_threads()} threads",
         ]
         if self.decoder is not None:

@@ -3,18 +3,17 @@ tokenizer and the matrix's row count, without the weights."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..core.matrix import output_vocab_size
 from ..errors import ModelError, first_line
-from .device import dtype_name
 from .gguf_cache import gguf_checkpoint
 from .progress import Status, quiet
 from .resolve import ModelSource, resolve_model
-from .runtime import Runtime, WeightsMode
+from .runtime import Runtime
 from .weights import quantize
 
 
@@ -24,13 +23,6 @@ class LoadedModel:
     tokenizer: object
     source: ModelSource
     runtime: Runtime  # device, dtype and weights mode, as loaded
-    # The runtime's parts, which most callers read: set from it, never given.
-    device: torch.device = field(init=False)
-    dtype: torch.dtype = field(init=False)
-    weights: WeightsMode = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.device, self.dtype, self.weights = self.runtime.device, self.runtime.dtype, self.runtime.weights
 
     @property
     def model_id(self) -> str:
@@ -40,10 +32,6 @@ class LoadedModel:
     def vocab_size(self) -> int:
         """The matrix's rows: the output embedding's (core.matrix.output_vocab_size)."""
         return output_vocab_size(self.model)
-
-    @property
-    def dtype_name(self) -> str:
-        return dtype_name(self.dtype)
 
     @property
     def context_length(self) -> int | None:
@@ -134,7 +122,7 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     location = _location(source, cache, status)
-    status(f"Loading {source.model_id} ({dtype_name(torch_dtype)}, {torch_device.type})")
+    status(f"Loading {source.model_id} ({runtime.dtype_name}, {torch_device.type})")
     kwargs = dict(dtype=torch_dtype, local_files_only=True)
     if torch_device.type == "cuda":
         kwargs["device_map"] = "auto"  # spreads layers over GPUs (and CPU) when one GPU is too small

@@ -71,10 +71,10 @@ class Runtime:
     weights: WeightsMode = DENSE
 
     @classmethod
-    def resolve(cls, device: str = "auto", dtype: str = "auto", weights: str | WeightsMode = "dense") -> Runtime:
+    def resolve(cls, device: str = "auto", dtype: str = "auto", weights: str = "dense") -> Runtime:
         """The settings as given (names, 'auto' allowed), checked together; SettingError names the
         first one that cannot run here."""
-        mode = weights if isinstance(weights, WeightsMode) else WeightsMode.parse(weights)
+        mode = WeightsMode.parse(weights)
         torch_device = pick_device(device)
         if mode.dense:
             return cls(torch_device, pick_dtype(dtype, torch_device), mode)

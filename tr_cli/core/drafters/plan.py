@@ -76,9 +76,12 @@ class DraftPlan:
     def __post_init__(self) -> None:
         for name, depth in self.depths:
             if name not in SOURCES:
-                raise ValueError(f"unknown draft source {name!r}")
+                raise InvalidTree(f"unknown draft source {name!r}; sources: {', '.join(SOURCES)}")
             if not 0 <= depth <= MAX_DEPTH:
-                raise ValueError(f"a {name} draft's depth must be 0 (off) to {MAX_DEPTH}, got {depth}")
+                raise InvalidTree(
+                    f"a {name} draft of depth {depth}: 0 (off) to at most {MAX_DEPTH} "
+                    f"(default {SOURCES[name].default_depth})"
+                )
 
     @classmethod
     def parse(cls, text: str) -> DraftPlan:
@@ -101,12 +104,7 @@ class DraftPlan:
         depths = []
         for name, source in SOURCES.items():
             default = source.default_depth if tree is None and source.on_designed_tree else 0
-            depth = given.get(name, default)
-            if depth > MAX_DEPTH:
-                raise InvalidTree(
-                    f"a {name} draft of depth {depth}: at most {MAX_DEPTH} (default {source.default_depth})"
-                )
-            depths.append((name, depth))
+            depths.append((name, given.get(name, default)))
         return cls(tree, tuple(depths))
 
     def with_depth(self, name: str, depth: int) -> DraftPlan:
