@@ -13,14 +13,15 @@ import torch
 
 from ..core import PRESETS, StopCondition, TokenRecyclingDecoder
 from ..core.drafters.plan import DraftPlan
-from ..core.events import StepTimings, mean_accepted_tokens
 from ..core.sampling_config import SamplingConfig
 from ..engine.engine import Engine
 from ..engine.options import draft_plan
 from ..errors import SettingError
 from ..models.runtime import QUANTIZED_MODES, WeightsMode
+from .llama_cpp import LLAMA_CPP, LlamaCpp, check_available
+from .run import Run
 
-METHODS = ("baseline", "pld", "ar", "tr")
+METHODS = ("baseline", "pld", "ar", "tr", LLAMA_CPP)
 PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
 # `ar`: our forward, one token per step (no drafts): what speculation alone adds.
 ONE_TOKEN = DraftPlan.of(PRESETS["none"])
@@ -32,28 +33,13 @@ def split_weights(name: str) -> tuple[str, str | None]:
     return (base, weights) if sep else (name, None)
 
 
-def counterpart(name: str, reference: str) -> str:
+def counterpart(name: str, reference: str) -> str | None:
     """The `reference` method on the same weights as `name`: what its tokens are compared with
     ('baseline') and its speculation measured against ('ar')."""
-    weights = split_weights(name)[1]
+    base, weights = split_weights(name)
+    if base == LLAMA_CPP:  # its own weights and kernels: nothing of ours to compare with
+        return None
     return f"{reference}@{weights}" if weights else reference
-
-
-@dataclass(frozen=True)
-class Run:
-    tokens: list[int]
-    seconds: float
-    steps: int  # decoding forward passes after the prefill
-    timings: StepTimings | None = None  # our decoder's step time split (summed over steps)
-
-    @property
-    def step_tokens(self) -> int:
-        """Tokens produced by decoding steps: the prefill's token is not a step's."""
-        return max(len(self.tokens) - 1, 0)
-
-    @property
-    def mean_accepted_tokens(self) -> float:
-        return mean_accepted_tokens(self.step_tokens, self.steps)
 
 
 class _ForwardCounter:
@@ -131,8 +117,13 @@ class Method:
     drafters/plan.py reads them), `baseline` or `pld`, each optionally `@WEIGHTS`."""
 
     name: str
-    plan: DraftPlan | None  # our decoder's drafts; None: transformers' generate
+    plan: DraftPlan | None  # our decoder's drafts; None: transformers' generate (or llama.cpp)
     weights: WeightsMode | None = None  # None: the loaded model; else a quantized copy of it
+
+    @property
+    def llama_cpp(self) -> bool:
+        """llama.cpp on the model's GGUF file (bench/llama_cpp.py), not one of our decoders."""
+        return self.name == LLAMA_CPP
 
     @property
     def prompt_lookup(self) -> bool:
@@ -147,6 +138,9 @@ class Method:
     def parse(cls, name: str, plan: DraftPlan, k: int) -> Method:
         """`name` as a method; `plan` is what `tr` drafts (the command's tree and sources)."""
         base, weights_name = split_weights(name)
+        if name == LLAMA_CPP:
+            check_available(name)
+            return cls(name, None)
         try:
             weights = None if weights_name is None else WeightsMode.parse(weights_name)
             if weights is not None and weights.dense:
@@ -165,7 +159,7 @@ class Method:
             "methods",
             name,
             f"unknown method; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper, tr:auto+lookup0), "
-            f"optionally @{'/@'.join(mode.name for mode in QUANTIZED_MODES)}",
+            f"optionally @{'/@'.join(mode.name for mode in QUANTIZED_MODES)}; or {LLAMA_CPP} on a GGUF",
         )
 
 
@@ -186,6 +180,9 @@ def make_runners(engine: Engine, methods: list[Method]) -> tuple[dict, dict[str,
     runners, drafts = {}, {}
     eos = engine.loaded.eos_token_ids
     for method in methods:
+        if method.llama_cpp:
+            runners[method.name] = _llama_cpp(engine).run
+            continue
         model = model_of(engine, method)
         if method.plan is not None:
             decoder = (
@@ -203,3 +200,13 @@ def make_runners(engine: Engine, methods: list[Method]) -> tuple[dict, dict[str,
 def model_of(engine: Engine, method: Method) -> torch.nn.Module:
     """The model a method runs on: the loaded one, or its quantized copy."""
     return engine.loaded.model if method.weights is None else engine.quantized_model(method.weights)
+
+
+def _llama_cpp(engine: Engine) -> LlamaCpp:
+    """llama.cpp over the loaded model's own GGUF file, greedy (its sampler is not ours)."""
+    source = engine.loaded.source
+    if source.kind != "gguf":
+        raise SettingError("methods", LLAMA_CPP, f"runs a GGUF file; {source.model_id} is not one")
+    if not engine.sampling.is_greedy:
+        raise SettingError("methods", LLAMA_CPP, "is compared greedy only; drop the sampling settings")
+    return LlamaCpp(source.path, engine.loaded.eos_token_ids, engine.loaded.context_length or 4096)

@@ -11,7 +11,8 @@ from ..core.stopping import context_room
 from ..text.conversation import ConversationEncoder, messages_of
 from ..text.prompts import PromptRecord
 from .distribution import DistributionCheck
-from .methods import Run, counterpart
+from .methods import counterpart
+from .run import Run
 
 
 @dataclass

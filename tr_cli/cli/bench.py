@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..bench.distribution import check_tokens
+from ..bench.llama_cpp import llama_cpp_version
 from ..bench.methods import Method, make_runners, model_of, parse_methods
 from ..bench.metrics import summarize
 from ..bench.report import FORMATS, environment, environment_line, render_passes, rows, sampled
@@ -24,7 +25,7 @@ from ..bench.runner import conversation_turns, over_context, run_bench
 from ..engine.engine import Engine
 from ..engine.options import DecodingOptions
 from ..errors import UserError, first_line
-from ..models import device_name
+from ..models import cpu_isa, device_name
 from ..text.conversation import ConversationEncoder
 from ..text.prompts import SAMPLE, PromptRecord, load_prompts, select_prompts
 from .console import note, progress_bar, warn
@@ -140,6 +141,7 @@ def bench(
         drafts,
         seed,
         methods=[method.name for method in chosen],
+        llama_cpp=llama_cpp_version() if any(method.llama_cpp for method in chosen) else None,
         k=options.k,
         prompts_file=prompts_file,
         warmup=warmup,
@@ -211,6 +213,7 @@ def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> di
         model=loaded.model_id,
         device=str(loaded.runtime.device),
         device_name=device_name(loaded.runtime.device),
+        cpu_isa=cpu_isa() if loaded.runtime.device.type == "cpu" else None,
         dtype=loaded.runtime.dtype_name,
         weights=loaded.runtime.weights.name,
         tree=drafts.get("tr"),

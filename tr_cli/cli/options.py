@@ -20,7 +20,7 @@ from ..core.drafters.plan import SOURCES
 from ..core.matrix import DEFAULT_K
 from ..engine.options import DEFAULT_MAX_NEW_TOKENS, DecodingOptions
 from ..models import DEFAULT_MODEL
-from ..models.runtime import WEIGHTS_NAMES
+from ..models.runtime import AUTO, WEIGHTS_NAMES
 from .completion import complete_model
 
 
@@ -180,13 +180,15 @@ DECODING_PARAMETERS = (
             str,
             typer.Option(
                 "--weights",
-                help=f"{', '.join(WEIGHTS_NAMES)}. dense: the model's weights in --dtype; int8 / int4: weight-only "
+                help=f"{', '.join(WEIGHTS_NAMES)}. auto: follow the model file (a GGUF of 4 bits or fewer runs "
+                "int4, of 5-8 bits int8, on the CPU; anything else dense); dense: the model's weights in --dtype; "
+                "int8 / int4: weight-only "
                 "quantized matmuls on the CPU (bfloat16 activations; --compare runs generate on the same quantized "
                 "model); int8+bf16 / int4+bf16 also keep the bfloat16 weights for prompts (about 2x faster prompt "
                 "processing, more memory).",
             ),
         ],
-        "dense",
+        AUTO,
     ),
 )
 

@@ -18,7 +18,8 @@ from ..core.drafters.plan import MAX_DEPTH, DraftPlan
 from ..core.errors import InvalidTree, SettingError
 from ..core.matrix import DEFAULT_K
 from ..core.sampling_config import SamplingRequest
-from ..models.runtime import Runtime
+from ..models.resolve import resolve_model
+from ..models.runtime import AUTO, Runtime
 
 DEFAULT_MAX_NEW_TOKENS = 512  # a reply's length unless asked otherwise (a server request's max_tokens wins)
 # Sane bounds, checked before anything is allocated: the matrix is |V| x k ids (k = 100,000 asked
@@ -51,7 +52,7 @@ class DecodingOptions:
         model: str | None = None,
         device: str = "auto",
         dtype: str = "auto",
-        weights: str = "dense",
+        weights: str = AUTO,
         tree: str = "auto",
         lookup: int | None = None,
         k: int = DEFAULT_K,
@@ -83,7 +84,9 @@ class DecodingOptions:
             raise SettingError(
                 given[0], getattr(sampling, given[0]), "needs sampling, but temperature 0 is greedy decoding; drop one"
             )
-        runtime = Runtime.resolve(device, dtype, weights)
+        # `auto` weights follow the model file: its header is read now (cheap), before any load.
+        stored_as = resolve_model(model).stored_as if weights == AUTO else None
+        runtime = Runtime.resolve(device, dtype, weights, stored_as)
         return cls(model, runtime, drafts, k, matrix, cold, save, sampling, max_new_tokens)  # the fields' order
 
 

@@ -26,13 +26,29 @@ def pick_device(name: str = "auto") -> torch.device:
     return torch.device(name)
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
 def cpu_has_native_bf16() -> bool:
     """AMX or AVX-512 BF16: a bf16 forward is then cheaper than float32 on the CPU."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpu_flags()
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def cpu_isa() -> str:
+    """The CPU's widest instruction set that decides our costs, in the words our results tables
+    use: 'AMX', 'AVX512-BF16', 'AVX512', 'AVX2' (or what torch reports where /proc is absent)."""
+    flags = _cpu_flags()
+    for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX512"), ("avx2", "AVX2")):
+        if flag in flags:
+            return name
+    return torch.backends.cpu.get_cpu_capability()
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

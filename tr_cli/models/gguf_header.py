@@ -73,6 +73,18 @@ class GGUFHeader:
     def has(self, key: str) -> bool:
         return key in self.values or key in self.array_lengths
 
+    @property
+    def matmul_type(self) -> str | None:
+        """The ggml type ('Q4_1', 'Q8_0', 'F16', ...) holding most of the matmul weights (matrices
+        other than the token embedding, which is a lookup); None in a file without matrices."""
+        counts: dict[int, int] = {}
+        for tensor in self.tensors:
+            if len(tensor.dims) >= 2 and not tensor.name.startswith("token_embd"):
+                counts[tensor.ggml_type] = counts.get(tensor.ggml_type, 0) + tensor.n_elements
+        if not counts:
+            return None
+        return ggml_type_name(max(counts, key=counts.__getitem__))
+
 
 class _Cursor:
     """Reads little-endian values from the mapped file, refusing to run past its end."""
@@ -115,6 +127,15 @@ def _skip_array(cur: _Cursor, key: str, depth: int) -> int:
     else:
         raise GGUFError(f"unknown value type {item_type} in metadata value {key!r} (corrupt file?)")
     return count
+
+
+def ggml_type_name(ggml_type: int) -> str:
+    from gguf.constants import GGMLQuantizationType
+
+    try:
+        return GGMLQuantizationType(ggml_type).name
+    except ValueError:
+        return f"type {ggml_type}"
 
 
 def _tensor_nbytes(name: str, dims: tuple[int, ...], ggml_type: int) -> int:

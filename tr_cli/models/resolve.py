@@ -24,6 +24,7 @@ class ModelSource:
     kind: str  # "gguf", "directory" or "hub"
     model_id: str  # what reports show
     path: Path | None = None  # the .gguf file or the checkpoint directory
+    stored_as: str | None = None  # a GGUF's matmul weights' ggml type ('Q4_1'); None: a checkpoint
 
 
 def _packaged_gguf(name: str) -> Path:
@@ -66,9 +67,9 @@ def _missing_parts(header: GGUFHeader) -> list[str]:
     return problems
 
 
-def _check_gguf(path: Path, arg: str, refetch: str = "download it again") -> None:
-    """Refuse a GGUF that cannot be converted, from its header alone (a fraction of a second).
-    `refetch`: how to get a whole copy."""
+def _check_gguf(path: Path, arg: str, refetch: str = "download it again") -> GGUFHeader:
+    """Refuse a GGUF that cannot be converted, from its header alone (a fraction of a second);
+    the header of one that can. `refetch`: how to get a whole copy."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     try:
@@ -96,6 +97,7 @@ def _check_gguf(path: Path, arg: str, refetch: str = "download it again") -> Non
             f"model {arg}: not a usable '{arch}' GGUF: {'; '.join(problems)}; "
             "pass a complete .gguf model file or a transformers checkpoint"
         )
+    return header
 
 
 def _looks_like_path(arg: str) -> bool:
@@ -117,14 +119,14 @@ def resolve_model(arg: str | None) -> ModelSource:
     arg = arg or DEFAULT_MODEL
     if arg in _PACKAGED:
         path = _packaged_gguf(arg)
-        _check_gguf(path, f"{arg} ({path})", f"reinstall with: {_reinstall(_PACKAGED[arg][2])}")
-        return ModelSource("gguf", arg, path)
+        header = _check_gguf(path, f"{arg} ({path})", f"reinstall with: {_reinstall(_PACKAGED[arg][2])}")
+        return ModelSource("gguf", arg, path, header.matmul_type)
     path = Path(arg).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelError(f"model {arg}: a file that is not .gguf; pass a .gguf file or a checkpoint directory")
-        _check_gguf(path, arg)
-        return ModelSource("gguf", path.name, path.resolve())
+        header = _check_gguf(path, arg)
+        return ModelSource("gguf", path.name, path.resolve(), header.matmul_type)
     if path.is_dir():
         if (path / "config.json").is_file():
             return ModelSource("directory", str(path), path.resolve())

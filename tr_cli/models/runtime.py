@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SettingError
-from .device import dtype_name, pick_device, pick_dtype
+from .device import cpu_has_native_bf16, dtype_name, pick_device, pick_dtype
 
 QUANTIZED_DTYPE = torch.bfloat16  # the weight-only kernels' activations (float32 ones are 5-20x slower)
 QUANTIZED_KINDS = ("int8", "int4")
@@ -35,12 +35,12 @@ class WeightsMode:
 
     @classmethod
     def parse(cls, text: str) -> WeightsMode:
-        """'dense', 'int8', 'int4', 'int8+bf16' or 'int4+bf16'."""
+        """'dense', 'int8', 'int4', 'int8+bf16' or 'int4+bf16' ('auto' is Runtime.resolve's)."""
         if text == "dense":
             return DENSE
         kind = text.removesuffix(PROMPT_SUFFIX)
         if kind not in QUANTIZED_KINDS:
-            raise SettingError("weights", text, f"unknown; use {', '.join(WEIGHTS_NAMES)}")
+            raise SettingError("weights", text, f"unknown; use {', '.join(MODE_NAMES)}")
         return cls(kind, text.endswith(PROMPT_SUFFIX))
 
     @property
@@ -58,8 +58,33 @@ class WeightsMode:
 
 
 DENSE = WeightsMode()
-WEIGHTS_NAMES = ("dense", *QUANTIZED_KINDS, *(kind + PROMPT_SUFFIX for kind in QUANTIZED_KINDS))
-QUANTIZED_MODES = tuple(WeightsMode.parse(name) for name in WEIGHTS_NAMES if name != "dense")
+AUTO = "auto"  # the weights setting that follows the model file (auto_weights)
+MODE_NAMES = ("dense", *QUANTIZED_KINDS, *(kind + PROMPT_SUFFIX for kind in QUANTIZED_KINDS))
+WEIGHTS_NAMES = (AUTO, *MODE_NAMES)
+QUANTIZED_MODES = tuple(WeightsMode.parse(name) for name in MODE_NAMES if name != "dense")
+# GGUF matmul types by the kernel that holds them closest: 4 bits or fewer -> int4 (groups of 32
+# with a scale and a minimum, as Q4_1); 5 to 8 bits -> int8 (int4 would lose what the file kept).
+_INT4_STORED = ("Q4", "IQ4", "Q3", "IQ3", "Q2", "IQ2", "IQ1", "Q1", "TQ", "MXFP4", "NVFP4")
+_INT8_STORED = ("Q5", "Q6", "Q8")
+
+
+def auto_weights(stored_as: str | None, device: torch.device, dtype: str) -> tuple[WeightsMode, str | None]:
+    """The weights mode that follows the model file, and why, in a few words for the banner: a
+    GGUF quantized to 4 bits or fewer runs int4, one of 5-8 bits int8, where torch's quantized
+    CPU kernels can run it (the cpu device, bfloat16 activations); on CPUs with native bfloat16
+    matmuls (AVX512-BF16, AMX) prompts take the bfloat16 weights (`+bf16`: ~2x faster there; on
+    AVX2 a bfloat16 matmul over many rows is slower than int4's). Anything else runs dense (a
+    checkpoint: with no reason to give)."""
+    kind = None
+    if stored_as is not None:
+        kind = "int4" if stored_as.startswith(_INT4_STORED) else "int8" if stored_as.startswith(_INT8_STORED) else None
+    if kind is None:
+        return DENSE, f"the file holds {stored_as} weights" if stored_as else None
+    if device.type != "cpu":
+        return DENSE, f"{stored_as} file; the quantized kernels are the CPU's"
+    if dtype not in (AUTO, dtype_name(QUANTIZED_DTYPE)):
+        return DENSE, f"{stored_as} file; dtype {dtype} asked"
+    return WeightsMode(kind, cpu_has_native_bf16()), f"the file holds {stored_as} weights"
 
 
 @dataclass(frozen=True)
@@ -69,13 +94,23 @@ class Runtime:
     device: torch.device
     dtype: torch.dtype
     weights: WeightsMode = DENSE
+    chosen_because: str | None = None  # why, where the weights mode was chosen (`auto`)
 
     @classmethod
-    def resolve(cls, device: str = "auto", dtype: str = "auto", weights: str = "dense") -> Runtime:
+    def resolve(
+        cls, device: str = "auto", dtype: str = "auto", weights: str = "dense", stored_as: str | None = None
+    ) -> Runtime:
         """The settings as given (names, 'auto' allowed), checked together; SettingError names the
-        first one that cannot run here."""
-        mode = WeightsMode.parse(weights)
+        first one that cannot run here. `stored_as`: the model file's matmul type, which `auto`
+        weights follow (None: a checkpoint)."""
         torch_device = pick_device(device)
+        if weights == AUTO:
+            mode, why = auto_weights(stored_as, torch_device, dtype)
+            chosen = pick_dtype(dtype, torch_device) if mode.dense else QUANTIZED_DTYPE
+            return cls(torch_device, chosen, mode, why)
+        if weights not in WEIGHTS_NAMES:
+            raise SettingError("weights", weights, f"unknown; use {', '.join(WEIGHTS_NAMES)}")
+        mode = WeightsMode.parse(weights)
         if mode.dense:
             return cls(torch_device, pick_dtype(dtype, torch_device), mode)
         if torch_device.type != "cpu":
@@ -93,5 +128,9 @@ class Runtime:
         return dtype_name(self.dtype)
 
     def describe(self) -> str:
-        """'bfloat16' or 'int4+bf16 weights, bfloat16'."""
-        return self.dtype_name if self.weights.dense else f"{self.weights} weights, {self.dtype_name}"
+        """'bfloat16', 'int4+bf16 weights, bfloat16' or, chosen by `auto`, 'int4 weights (the
+        file holds Q4_1 weights), bfloat16'."""
+        why = f" ({self.chosen_because})" if self.chosen_because else ""
+        if self.weights.dense:
+            return f"{self.dtype_name}{why}" if why else self.dtype_name
+        return f"{self.weights} weights{why}, {self.dtype_name}"

@@ -7,9 +7,9 @@ import pytest
 from typer.testing import CliRunner
 
 from tr_cli.bench.distribution import DistributionCheck, check_tokens
-from tr_cli.bench.methods import Run
 from tr_cli.bench.metrics import summarize
 from tr_cli.bench.report import render, rows
+from tr_cli.bench.run import Run
 from tr_cli.bench.runner import run_bench
 from tr_cli.core import StepTimings
 from tr_cli.errors import SettingError

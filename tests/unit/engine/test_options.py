@@ -18,7 +18,9 @@ from tr_cli.models import DENSE, Runtime, WeightsMode
 
 def test_the_defaults_are_one_value():
     options = DecodingOptions.parse(device="cpu", dtype="float32")
-    assert options.runtime == Runtime(torch.device("cpu"), torch.float32, DENSE)
+    # The packaged GGUF is Q4_1: `auto` weights would run it int4, but float32 was asked.
+    assert options.runtime == Runtime(torch.device("cpu"), torch.float32, DENSE, "Q4_1 file; dtype float32 asked")
+    assert DecodingOptions.parse(device="cpu").runtime.weights.quantized == "int4"
     assert options.drafts.designed and options.drafts.depth("lookup") == 10
     assert options.sampling == SamplingRequest() and not options.sampling.wants_sampling
     assert (options.k, options.save, options.cold, options.max_new_tokens) == (8, True, False, DEFAULT_MAX_NEW_TOKENS)

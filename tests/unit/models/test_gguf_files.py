@@ -16,12 +16,13 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
+import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from typer.testing import CliRunner
 
 from tr_cli.cli import app
-from tr_cli.errors import ModelError
-from tr_cli.models import resolve_model
+from tr_cli.errors import ModelError, SettingError
+from tr_cli.models import Runtime, WeightsMode, resolve_model
 from tr_cli.models.gguf_cache import gguf_checkpoint
 from tr_cli.models.gguf_header import MAX_ARRAY_DEPTH, GGUFError, read_header
 
@@ -53,8 +54,16 @@ def tiny_tensors(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def write_gguf(path: Path, *, tokenizer: bool = True, tensors: dict | None = None, strings: dict | None = None) -> Path:
-    """A tiny `llama` GGUF; `strings`: extra string metadata (after the model's own)."""
+def write_gguf(
+    path: Path,
+    *,
+    tokenizer: bool = True,
+    tensors: dict | None = None,
+    strings: dict | None = None,
+    matrices: gguf.GGMLQuantizationType | None = None,
+) -> Path:
+    """A tiny `llama` GGUF; `strings`: extra string metadata (after the model's own); `matrices`:
+    the ggml type the matmul weights are stored in (default float32)."""
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_name("tiny")
     writer.add_context_length(64)
@@ -75,7 +84,10 @@ def write_gguf(path: Path, *, tokenizer: bool = True, tensors: dict | None = Non
     for key, value in (strings or {}).items():
         writer.add_string(key, value)
     for name, array in (tiny_tensors() if tensors is None else tensors).items():
-        writer.add_tensor(name, array)
+        if matrices is not None and array.ndim == 2 and name != "token_embd.weight":
+            writer.add_tensor(name, gguf.quants.quantize(array, matrices), raw_dtype=matrices)
+        else:
+            writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -261,3 +273,69 @@ def test_a_disk_that_fills_up_while_caching_leaves_nothing_behind(tmp_path, monk
     monkeypatch.undo()  # room again: the next run converts and caches
     target = gguf_checkpoint(path, root, quiet)
     assert (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+
+
+# --- the weights a file asks for (`--weights auto`) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stored", "expected"),
+    [(gguf.GGMLQuantizationType.Q4_1, "int4"), (gguf.GGMLQuantizationType.Q8_0, "int8"), (None, "dense")],
+)
+def test_auto_weights_follow_the_file(tmp_path, stored, expected):
+    """The header names the matmul weights' type; the default weights follow it on the CPU, and
+    the banner says why. A float32 file, another device or an asked float32 run dense."""
+    from tr_cli.engine.options import DecodingOptions
+    from tr_cli.models.device import cpu_has_native_bf16
+
+    path = write_gguf(tmp_path / "tiny.gguf", matrices=stored)
+    name = "F32" if stored is None else stored.name
+    assert read_header(path).matmul_type == name and resolve_model(str(path)).stored_as == name
+    runtime = DecodingOptions.parse(model=str(path), device="cpu").runtime
+    assert runtime.weights.name == (
+        "dense" if expected == "dense" else expected + ("+bf16" if cpu_has_native_bf16() else "")
+    )
+    assert runtime.chosen_because == f"the file holds {name} weights"
+    assert f"(the file holds {name} weights)" in runtime.describe()
+    native = cpu_has_native_bf16()
+    assert runtime.dtype == (torch.bfloat16 if expected != "dense" or native else torch.float32)
+    asked = DecodingOptions.parse(model=str(path), device="cpu", dtype="float32").runtime
+    assert asked.weights.dense and asked.dtype == torch.float32
+    if expected != "dense":
+        assert asked.chosen_because == f"{name} file; dtype float32 asked"
+        chosen = DecodingOptions.parse(model=str(path), device="cpu", weights="dense").runtime
+        assert chosen.weights.dense and chosen.chosen_because is None  # what the user named needs no reason
+
+
+def test_auto_weights_rule_by_stored_type():
+    from tr_cli.models.runtime import auto_weights
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    for stored, kind in (
+        ("Q4_0", "int4"),
+        ("Q4_K", "int4"),
+        ("IQ4_XS", "int4"),
+        ("Q3_K", "int4"),
+        ("Q2_K", "int4"),
+        ("Q5_K", "int8"),
+        ("Q6_K", "int8"),
+        ("Q8_0", "int8"),
+    ):
+        assert auto_weights(stored, cpu, "auto")[0].quantized == kind, stored
+        assert auto_weights(stored, cpu, "bfloat16")[0].quantized == kind, stored
+        assert auto_weights(stored, gpu, "auto") == (
+            WeightsMode(),
+            f"{stored} file; the quantized kernels are the CPU's",
+        )
+    for stored in ("F16", "BF16", "F32"):
+        assert auto_weights(stored, cpu, "auto") == (WeightsMode(), f"the file holds {stored} weights")
+    assert auto_weights(None, cpu, "auto") == (WeightsMode(), None)  # a checkpoint: dense, nothing to say
+    with pytest.raises(SettingError, match="weights int3: unknown; use auto, dense"):
+        Runtime.resolve("cpu", "auto", "int3")
+
+
+def test_a_checkpoint_directory_runs_dense_without_a_reason(tiny_llama_dir):
+    from tr_cli.engine.options import DecodingOptions
+
+    runtime = DecodingOptions.parse(model=str(tiny_llama_dir), device="cpu").runtime
+    assert runtime.weights.dense and runtime.chosen_because is None

@@ -276,7 +276,7 @@ def test_runtime_refuses_weights_that_cannot_run():
     assert Runtime.resolve("cpu", "auto", "int8") == Runtime(CPU, torch.bfloat16, WeightsMode("int8"))
     assert Runtime.resolve("cpu", "bfloat16", "int4").weights.name == "int4"
     assert Runtime.resolve("cpu", "auto", "int4+bf16").weights == WeightsMode("int4", bf16_prompts=True)
-    with pytest.raises(SettingError, match="weights int3: unknown; use dense, int8, int4"):
+    with pytest.raises(SettingError, match="weights int3: unknown; use auto, dense, int8, int4"):
         Runtime.resolve("cpu", "auto", "int3")
     with pytest.raises(SettingError, match="weights int4: computes in bfloat16"):
         Runtime.resolve("cpu", "float32", "int4")

@@ -10,7 +10,7 @@ import copy
 import pytest
 from transformers import AutoTokenizer
 
-from tr_cli.bench.methods import Run
+from tr_cli.bench.run import Run
 from tr_cli.bench.runner import conversation_turns, run_bench
 from tr_cli.chat.session import ChatSession
 from tr_cli.chat.settings import Settings

@@ -1,0 +1,24 @@
+"""What one method's run of one turn gives: its tokens, wall time and forward-step count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..core.events import StepTimings, mean_accepted_tokens
+
+
+@dataclass(frozen=True)
+class Run:
+    tokens: list[int]
+    seconds: float
+    steps: int  # decoding forward passes after the prefill
+    timings: StepTimings | None = None  # our decoder's step time split (summed over steps)
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens produced by decoding steps: the prefill's token is not a step's."""
+        return max(len(self.tokens) - 1, 0)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return mean_accepted_tokens(self.step_tokens, self.steps)
