@@ -54,6 +54,18 @@ def test_model_error(home, tmp_path):
     assert_one_line(out, "model ", "no such file")
 
 
+@pytest.mark.parametrize(("flag", "value"), [("--temperature", "nan"), ("--top-p", "inf")])
+def test_a_non_finite_sampling_flag_is_named_as_such(home, flag, value):
+    out = tr("generate", flag, value, "-p", "hi", home=home)
+    assert_one_line(out, f"{flag} {value}: not a finite number")
+
+
+def test_a_model_path_that_is_a_device_says_what_it_is(home):
+    out = tr("generate", "/dev/null", "-p", "hi", home=home)
+    assert_one_line(out, "model /dev/null: a character device, not a model file or directory", ".gguf")
+    assert "no such file" not in out.stderr
+
+
 def test_store_error(home, tiny_llama_dir, tmp_path):
     corrupt = tmp_path / "corrupt.safetensors"
     corrupt.write_bytes(b"not a matrix at all")

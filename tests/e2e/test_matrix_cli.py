@@ -8,6 +8,8 @@ from typer.testing import CliRunner
 
 from tr_cli.cli import app
 from tr_cli.store.matrix_file import MatrixFile, is_matrix_name, read_matrix, write_matrix
+from tr_cli.store.paths import seed_dir
+from tr_cli.store.recycled_file import read_recycled_store, recycled_store_path
 
 runner = CliRunner()
 
@@ -131,9 +133,27 @@ def test_export_import_round_trip_and_refusals(home, tiny_llama_dir, tmp_path):
     assert torch.equal(replaced.matrix, original.matrix) and torch.equal(replaced.stamps, original.stamps)
 
 
+def test_inspect_on_a_fresh_home_shows_the_starter_the_next_run_starts_from(home, tiny_llama_dir):
+    # The tiny model speaks through SmolLM2's tokenizer, for which tr ships a starter matrix.
+    starter = next(p for p in sorted(seed_dir().glob("*-k8.safetensors")) if is_matrix_name(p))
+    shipped = read_matrix(starter)
+    model = str(tiny_llama_dir)
+    human = tr("matrix", "inspect", model)
+    assert human.exit_code == 0, human.output
+    assert "tr matrix init" not in human.output
+    assert "the next run starts from the starter matrix shipped with tr" in human.output.replace("\n", "")
+    assert f"{shipped.meta.update_count:,} row updates" in human.stdout
+    report = json.loads(tr("matrix", "inspect", model, "--json").stdout)
+    assert report["starter"] is True and report["path"] == str(starter.resolve())
+    assert report["update_count"] == shipped.meta.update_count and report["rows_filled"] == shipped.rows_filled
+    assert report["store"]["documents"] == len(read_recycled_store(recycled_store_path(starter)).documents) > 0
+    assert not (home / "data").exists()  # only read: the next run saves the user's own copy
+
+
 def test_inspect_file_and_missing_matrix(home, tiny_llama_dir, tmp_path):
-    out = tr("matrix", "inspect", str(tiny_llama_dir))
-    assert out.exit_code == 1 and "no stored matrix" in out.output and "tr matrix init" in out.output
+    out = tr("matrix", "inspect", str(tiny_llama_dir), "--k", "4")  # no starter matrix with k 4
+    assert out.exit_code == 1 and "no stored matrix" in out.output
+    assert f"tr matrix init {tiny_llama_dir} --k 4" in out.output.replace("\n", "")
     f = tmp_path / "m.safetensors"
     write_matrix(f, MatrixFile.empty(49152, 8, "x", "y"))
     report = json.loads(tr("matrix", "inspect", str(f), "--json").stdout)

@@ -19,6 +19,7 @@ from ..core.matrix_init import fill_from_token_lists
 from ..engine.options import DecodingOptions
 from ..errors import MatrixFileError, StoreFileError, UserError
 from ..models import load_tokenizer
+from ..store.hot_matrix import starter_matrix
 from ..store.matrix_file import (
     SUFFIX,
     MatrixFile,
@@ -148,11 +149,12 @@ def inspect(
     k: opt.K = DEFAULT_K,
 ) -> None:
     """Show a matrix: where, how big, whose, how full, and the candidates for given tokens."""
-    tokenizer = None
+    tokenizer = starter = None
     if target and is_recycled_store_name(target):
         raise UserError(f"{target}: a recycled store; pass the matrix beside it ({matrix_path_of(target)})")
     if target and (target.endswith(SUFFIX) or Path(target).is_file()):
         path = Path(target)
+        store = recycled_store_path(path)
         data = _read(path, "pass a matrix file written by tr")
         if tokens:
             if model is None:
@@ -164,12 +166,26 @@ def inspect(
     else:
         tokenizer, owner = _model_matrix(target or model, k)
         path = owner.default_path
-        if not path.exists():
-            build = f"tr matrix init {target or ''}".rstrip()
-            raise UserError(f"no stored matrix for {owner.model_id} yet ({path}); build one with: {build}")
-        data = _read(path, "move it away or rebuild it with tr matrix init --force")
+        store = recycled_store_path(path)
+        if path.exists():
+            data = _read(path, "move it away or rebuild it with tr matrix init --force")
+        else:
+            # What HotMatrix.open does on a fresh home: show what the next run will really use.
+            starter = starter_matrix(path)
+            if starter is None:
+                build = f"tr matrix init {target or model or ''}".rstrip() + (f" --k {k}" if k != DEFAULT_K else "")
+                raise UserError(f"no stored matrix for {owner.model_id} yet ({path}); build one with: {build}")
+            stderr.print(
+                Text(
+                    f"no stored matrix for {owner.model_id} yet: the next run starts from the starter matrix "
+                    f"shipped with tr (below) and saves what it learns to {path}"
+                )
+            )
+            path, data = starter, _read(starter, "the starter files shipped with tr are damaged; reinstall tr")
+            store = store if store.exists() else recycled_store_path(starter)
     report = _report(path, data)
-    report["store"] = _recycled_store_report(recycled_store_path(path))
+    report["starter"] = starter is not None
+    report["store"] = _recycled_store_report(store)
     if tokens:
         report["tokens"] = _token_candidates(tokenizer, data, tokens)
     if as_json:

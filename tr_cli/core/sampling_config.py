@@ -4,6 +4,7 @@ them). Temperature 0 means greedy decoding."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import SettingError
@@ -147,13 +148,17 @@ class SamplingRequest:
 
 def _check(temperature, top_k, top_p, repetition_penalty, seed) -> None:
     """Raise SettingError for the first value out of range (None: not given, fine)."""
-    if temperature is not None and not (temperature >= 0.0 and temperature != float("inf")):
+    # float() reads "nan" and "inf": name that, not the range a NaN fails or an infinity passes
+    for name, value in (("temperature", temperature), ("top_p", top_p), ("repetition_penalty", repetition_penalty)):
+        if value is not None and not math.isfinite(value):
+            raise SettingError(name, value, "not a finite number")
+    if temperature is not None and temperature < 0.0:
         raise SettingError("temperature", temperature, "must be 0 (greedy) or more")
     if top_k is not None and top_k < 0:
         raise SettingError("top_k", top_k, "must be 0 (off) or more")
     if top_p is not None and not 0.0 <= top_p <= 1.0:
         raise SettingError("top_p", top_p, "must be between 0 and 1")
-    if repetition_penalty is not None and not (repetition_penalty > 0.0 and repetition_penalty != float("inf")):
+    if repetition_penalty is not None and repetition_penalty <= 0.0:
         raise SettingError("repetition_penalty", repetition_penalty, "must be more than 0")
     if seed is not None and not 0 <= seed < SEED_LIMIT:
         raise SettingError("seed", seed, f"must be between 0 and {SEED_LIMIT - 1}")

@@ -104,6 +104,19 @@ def _looks_like_path(arg: str) -> bool:
     return arg.startswith((".", "~", "/")) or os.sep in arg and not _HUB_ID.match(arg) or arg.endswith(".gguf")
 
 
+def _special_kind(path: Path) -> str | None:
+    """What a path that exists but is neither a file nor a directory is (/dev/null, a pipe)."""
+    for test, kind in (
+        (path.is_char_device, "a character device"),
+        (path.is_block_device, "a block device"),
+        (path.is_fifo, "a named pipe (FIFO)"),
+        (path.is_socket, "a socket"),
+    ):
+        if test():
+            return kind
+    return None
+
+
 def _hub_cached(repo_id: str) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
@@ -133,6 +146,12 @@ def resolve_model(arg: str | None) -> ModelSource:
         ggufs = sorted(path.glob("*.gguf"))
         hint = f"; to use a GGUF in it pass the file, e.g. {ggufs[0]}" if ggufs else ""
         raise ModelError(f"model {arg}: directory has no config.json, so it is not a transformers checkpoint{hint}")
+    special = _special_kind(path)
+    if special:
+        raise ModelError(
+            f"model {arg}: {special}, not a model file or directory; "
+            "pass a .gguf file, a checkpoint directory or a cached Hugging Face id"
+        )
     if _looks_like_path(arg) or not _HUB_ID.match(arg):
         raise ModelError(
             f"model {arg}: no such file or directory; "

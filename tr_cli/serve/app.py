@@ -147,7 +147,9 @@ def _access_line(scope: Scope, status: int, seconds: float) -> str:
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     first = exc.errors()[0]
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ())).lstrip(".")
-    return (f"{param}: {first['msg']}" if param else first["msg"]), param or None
+    # JSON as Python reads it takes NaN and Infinity: say so rather than pydantic's "should be finite"
+    words = f"not a finite number, got {first['input']}" if first["type"] == "finite_number" else first["msg"]
+    return (f"{param}: {words}" if param else words), param or None
 
 
 async def _parse(request: Request, model_class: type[ChatCompletionRequest] | type[CompletionRequest]):
@@ -156,6 +158,8 @@ async def _parse(request: Request, model_class: type[ChatCompletionRequest] | ty
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    except RecursionError:  # the decoder recurses once per level: "[" * 100000 exhausts the stack
+        raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
     try:

@@ -62,7 +62,8 @@ class StreamOptions(BaseModel):
 class GenerationRequest(BaseModel):
     """The fields /v1/chat/completions and /v1/completions share."""
 
-    model_config = ConfigDict(extra="ignore")
+    # Python's json reads NaN and Infinity: refuse them in every number field before range checks.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None

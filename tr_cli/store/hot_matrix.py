@@ -107,8 +107,8 @@ class HotMatrix:
         if not cold and path.exists():
             data, state = _open_matrix(path, fingerprint, vocab_size, k, UNREADABLE), "hot"
         elif not cold and not explicit:
-            candidate = (seed_dir() if seeds is None else Path(seeds)) / path.name
-            if candidate.is_file():
+            candidate = starter_matrix(path, seeds)
+            if candidate is not None:
                 with _noted(_STARTER_DAMAGED):
                     data = _open_matrix(candidate, fingerprint, vocab_size, k, STARTER, STARTER)
                 state, seed = "seeded", candidate
@@ -255,6 +255,13 @@ def _check_save_target(path: Path, fingerprint: str, vocab_size: int, k: int) ->
         if path.exists():
             _open_matrix(path, fingerprint, vocab_size, k, SAVE_TARGET, SAVE_TARGET)
         _open_recycled_store(path, None, fingerprint, vocab_size, SAVE_TARGET, SAVE_TARGET)
+
+
+def starter_matrix(path: Path, seeds: Path | None = None) -> Path | None:
+    """The starter matrix a run whose matrix belongs at the default `path` (and has no file there
+    yet) starts from: the one shipped with tr (or in `seeds`) for its tokenizer and k, if any."""
+    candidate = (seed_dir() if seeds is None else Path(seeds)) / path.name
+    return candidate if candidate.is_file() else None
 
 
 def _open_recycled_store(

@@ -119,7 +119,12 @@ def test_resolve_merges_like_generate():
     "kwargs, words",
     [
         ({"temperature": -1.0}, "temperature must be 0 (greedy) or more"),
-        ({"temperature": float("nan")}, "temperature must be 0"),
+        ({"temperature": float("nan")}, "temperature not a finite number"),
+        ({"temperature": float("inf")}, "temperature not a finite number"),
+        ({"top_p": float("inf")}, "top_p not a finite number"),
+        ({"top_p": float("nan")}, "top_p not a finite number"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty not a finite number"),
+        ({"repetition_penalty": float("-inf")}, "repetition_penalty not a finite number"),
         ({"top_p": 2.0}, "top_p must be between 0 and 1"),
         ({"top_k": -3}, "top_k must be 0 (off) or more"),
         ({"repetition_penalty": 0.0}, "repetition_penalty must be more than 0"),

@@ -1,0 +1,70 @@
+"""The HTTP side of `tr serve` (tr_cli/serve/app.py) in-process, for bodies refused before any
+model or decoder is touched: the server is built over a model with no tokenizer and a worker
+with no decoder that never starts, so a request that got past parsing would fail loudly. The
+refusals that need a model are tests/integration/test_serve.py's."""
+
+import logging
+
+import pytest
+from starlette.testclient import TestClient
+
+from tr_cli.serve.app import create_app
+from tr_cli.serve.requests import ServedModel
+from tr_cli.serve.worker import DecodeWorker
+
+GOOD = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]'
+
+
+@pytest.fixture()
+def client():
+    model = ServedModel(
+        name="tiny", aliases=frozenset(), tokenizer=None, generation_config=None, context_length=None, max_depth=1
+    )
+    worker = DecodeWorker(decoder=None, tokenizer=None, eos_token_ids=[])
+    # raise_server_exceptions=False: a bug shows as the 500 a client would get, not as a test error
+    with TestClient(create_app(model, worker), raise_server_exceptions=False) as client:
+        yield client
+
+
+def post(client: TestClient, body: bytes, path: str = "/v1/chat/completions"):
+    return client.post(path, content=body, headers={"content-type": "application/json"})
+
+
+def bad_request(response) -> dict:
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_json_nested_past_the_recursion_limit_is_a_bad_request_logged_in_one_line(client, caplog):
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with caplog.at_level(logging.INFO, logger="tr.serve"):
+        error = bad_request(post(client, deep))
+    assert "JSON" in error["message"] and "nested" in error["message"]
+    assert [r.exc_info for r in caplog.records] == [None]  # the access line, no traceback
+    assert " 400 " in caplog.records[0].getMessage()
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "temperature",
+        "top_p",
+        "top_k",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "max_tokens",
+        "seed",
+        "n",
+        "best_of",
+    ],
+)
+@pytest.mark.parametrize("value", [b"NaN", b"Infinity", b"-Infinity"])
+def test_a_non_finite_number_is_refused_as_such_at_its_field(client, path, field, value):
+    body = GOOD if path.endswith("chat/completions") else b'{"model": "tiny", "prompt": "hi"'
+    error = bad_request(post(client, body + b', "' + field.encode() + b'": ' + value + b"}", path))
+    assert error["param"] == field
+    assert error["message"].startswith(f"{field}: not a finite number"), error["message"]
