@@ -18,10 +18,10 @@ from ..engine.engine import Engine
 from ..engine.options import draft_plan
 from ..errors import SettingError
 from ..models.runtime import QUANTIZED_MODES, WeightsMode
-from .llama_cpp import LLAMA_CPP, LlamaCpp, check_available
+from .llama_cpp import LLAMA_CPP_METHODS, LLAMA_CPP_NGRAM, LlamaCpp, LlamaServer, check_available
 from .run import Run
 
-METHODS = ("baseline", "pld", "ar", "tr", LLAMA_CPP)
+METHODS = ("baseline", "pld", "ar", "tr", *LLAMA_CPP_METHODS)
 PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
 # `ar`: our forward, one token per step (no drafts): what speculation alone adds.
 ONE_TOKEN = DraftPlan.of(PRESETS["none"])
@@ -37,7 +37,7 @@ def counterpart(name: str, reference: str) -> str | None:
     """The `reference` method on the same weights as `name`: what its tokens are compared with
     ('baseline') and its speculation measured against ('ar')."""
     base, weights = split_weights(name)
-    if base == LLAMA_CPP:  # its own weights and kernels: nothing of ours to compare with
+    if base in LLAMA_CPP_METHODS:  # its own weights and kernels: nothing of ours to compare with
         return None
     return f"{reference}@{weights}" if weights else reference
 
@@ -123,7 +123,7 @@ class Method:
     @property
     def llama_cpp(self) -> bool:
         """llama.cpp on the model's GGUF file (bench/llama_cpp.py), not one of our decoders."""
-        return self.name == LLAMA_CPP
+        return self.name in LLAMA_CPP_METHODS
 
     @property
     def prompt_lookup(self) -> bool:
@@ -138,7 +138,7 @@ class Method:
     def parse(cls, name: str, plan: DraftPlan, k: int) -> Method:
         """`name` as a method; `plan` is what `tr` drafts (the command's tree and sources)."""
         base, weights_name = split_weights(name)
-        if name == LLAMA_CPP:
+        if name in LLAMA_CPP_METHODS:
             check_available(name)
             return cls(name, None)
         try:
@@ -159,7 +159,7 @@ class Method:
             "methods",
             name,
             f"unknown method; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper, tr:auto+lookup0), "
-            f"optionally @{'/@'.join(mode.name for mode in QUANTIZED_MODES)}; or {LLAMA_CPP} on a GGUF",
+            f"optionally @{'/@'.join(mode.name for mode in QUANTIZED_MODES)}",
         )
 
 
@@ -181,7 +181,7 @@ def make_runners(engine: Engine, methods: list[Method]) -> tuple[dict, dict[str,
     eos = engine.loaded.eos_token_ids
     for method in methods:
         if method.llama_cpp:
-            runners[method.name] = _llama_cpp(engine).run
+            runners[method.name] = _llama_cpp(engine, method.name).run
             continue
         model = model_of(engine, method)
         if method.plan is not None:
@@ -202,11 +202,12 @@ def model_of(engine: Engine, method: Method) -> torch.nn.Module:
     return engine.loaded.model if method.weights is None else engine.quantized_model(method.weights)
 
 
-def _llama_cpp(engine: Engine) -> LlamaCpp:
+def _llama_cpp(engine: Engine, name: str) -> LlamaCpp | LlamaServer:
     """llama.cpp over the loaded model's own GGUF file, greedy (its sampler is not ours)."""
     source = engine.loaded.source
     if source.kind != "gguf":
-        raise SettingError("methods", LLAMA_CPP, f"runs a GGUF file; {source.model_id} is not one")
+        raise SettingError("methods", name, f"runs a GGUF file; {source.model_id} is not one")
     if not engine.sampling.is_greedy:
-        raise SettingError("methods", LLAMA_CPP, "is compared greedy only; drop the sampling settings")
-    return LlamaCpp(source.path, engine.loaded.eos_token_ids, engine.loaded.context_length or 4096)
+        raise SettingError("methods", name, "is compared greedy only; drop the sampling settings")
+    kind = LlamaServer if name == LLAMA_CPP_NGRAM else LlamaCpp
+    return kind(source.path, engine.loaded.eos_token_ids, engine.loaded.context_length or 4096)

@@ -141,7 +141,7 @@ def bench(
         drafts,
         seed,
         methods=[method.name for method in chosen],
-        llama_cpp=llama_cpp_version() if any(method.llama_cpp for method in chosen) else None,
+        llama_cpp=llama_cpp_version([m.name for m in chosen]) if any(m.llama_cpp for m in chosen) else None,
         k=options.k,
         prompts_file=prompts_file,
         warmup=warmup,

@@ -5,6 +5,7 @@ import importlib.util
 
 import pytest
 
+from tr_cli.bench.llama_cpp import server_binary
 from tr_cli.bench.methods import counterpart, parse_methods
 from tr_cli.bench.metrics import summarize
 from tr_cli.bench.report import rows
@@ -79,4 +80,38 @@ def test_llama_cpp_runs_the_packaged_gguf_on_our_token_ids(smollm2_fp32):
     for offset, token in enumerate(first.tokens[:4]):
         assert token in logits[len(ids) - 1 + offset].topk(5).indices.tolist()
     assert len(llama.run(ids, 3).tokens) == 3
-    assert llama_cpp_version().startswith("llama-cpp-python ")
+    assert llama_cpp_version(["llama.cpp"]).startswith("llama-cpp-python ")
+
+
+SERVER = server_binary()
+
+
+@pytest.mark.skipif(SERVER is not None, reason="llama-server is installed here")
+def test_missing_llama_server_is_said_before_anything_loads():
+    with pytest.raises(SettingError, match=r"needs llama-server .*TR_LLAMA_SERVER") as caught:
+        parse_methods(["llama.cpp+ngram"], DraftPlan.of(), 8)
+    assert caught.value.setting == "methods"
+    assert counterpart("llama.cpp+ngram", "baseline") is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SERVER is None, reason="llama-server is not installed (set TR_LLAMA_SERVER)")
+def test_llama_server_with_ngram_speculation_answers_our_ids(smollm2_fp32):
+    """llama.cpp's own draftless speculation, as a server on loopback: greedy, so its reply is
+    the same each time; it stops at the budget, counts at most one forward per token after the
+    first, and the server is gone after close."""
+    from tr_cli.bench.llama_cpp import LlamaServer
+    from tr_cli.text.conversation import ConversationEncoder
+
+    loaded = smollm2_fp32
+    text = "Repeat exactly, twice: the quick brown fox jumps over the lazy dog. " * 3
+    ids = ConversationEncoder(loaded.tokenizer).encode([{"role": "user", "content": text}]).ids
+    server = LlamaServer(loaded.source.path, loaded.eos_token_ids, 2048)
+    try:
+        first, again = server.run(ids, 48), server.run(ids, 48)
+        assert first.tokens == again.tokens and 0 < len(first.tokens) <= 48
+        assert 0 < first.steps <= len(first.tokens) - 1
+        assert len(server.run(ids, 3).tokens) <= 3
+    finally:
+        server.close()
+    assert server.process.poll() is not None
