@@ -261,6 +261,46 @@ def test_a_prompt_past_the_context_is_refused_before_any_forward_and_the_budget_
     assert "--max-new-tokens 5000 clamped to" in out.stderr
 
 
+def prompt_tokens(model_dir: Path, prompt: str) -> int:
+    """The prompt's length as tr feeds it to the model (chat template included)."""
+    from transformers import AutoTokenizer
+
+    from tr_cli.text.conversation import encode_prompt
+
+    return len(encode_prompt(AutoTokenizer.from_pretrained(model_dir), prompt))
+
+
+def test_a_prompt_past_the_context_is_refused_before_the_weights_load(tiny_llama_dir, home):
+    """The designed tree on a fresh home loads the weights and measures t(N) first (minutes for a
+    real model): a prompt the context cannot hold used to be refused only after both. Now the
+    tokenizer and config alone refuse it: no loading line, no calibration written."""
+    prompt = "river " * 3000
+    tokens = prompt_tokens(tiny_llama_dir, prompt)
+    out = run("generate", str(tiny_llama_dir), "--dtype", "float32", "-p", prompt, env={"TR_HOME": str(home)})
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f"tr: error: the prompt has {tokens:,} tokens; the model's context holds 2,048: shorten the prompt"
+    ]
+    assert not (home / "data" / "calibration").exists()
+
+
+def test_a_prompt_the_drafts_push_past_the_context_is_refused_after_loading(tiny_llama_dir, small_context_model, home):
+    """A prompt that fits with one reply token but not with the drafts' positions passes the
+    check before loading; the decoder's depth, known once it is built, refuses it."""
+    prompt = "Hello there"
+    tokens = prompt_tokens(tiny_llama_dir, prompt)
+    model = small_context_model(tokens + 1)
+    out = run("generate", str(model), "--dtype", "float32", "--tree", "paper", "-p", prompt, env={"TR_HOME": str(home)})
+    assert out.returncode == 1, out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"tr: error: the prompt has {tokens} tokens; the model's context holds {tokens + 1} "
+        r"\(\d+ more are needed for drafts\): shorten the prompt",
+        last,
+    ), out.stderr
+    assert "Loading " in out.stderr and not out.stdout
+
+
 @pytest.mark.parametrize("where", ["argv", "stdin"])
 def test_a_prompt_that_is_not_utf8_is_one_line_before_the_model_loads(where, home):
     """Bytes that are not UTF-8 (in argv or on stdin) reached the tokenizer as lone surrogates and

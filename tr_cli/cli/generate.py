@@ -16,7 +16,8 @@ from ..core.sampling_config import SamplingConfig
 from ..core.stopping import NoRoomForReply, reply_budget
 from ..engine.options import DecodingOptions
 from ..errors import UserError
-from ..models import LoadedModel
+from ..models import LoadedModel, load_prompt_side
+from ..store.paths import cache_dir
 from ..text.conversation import encode_prompt
 from ..text.input_text import checked_input, read_input
 from ..text.prompts import sample_prompts
@@ -24,7 +25,7 @@ from ..text.streaming import IncrementalDecoder
 from .console import note, stderr, write_out
 from .live_view import step_split
 from .options import decoding_options
-from .setup import open_engine, save_state
+from .setup import open_engine, progress, save_state
 
 Prompt = Annotated[
     str | None, typer.Option("--prompt", "-p", help="Prompt text ('-' reads stdin). Default: a bundled sample prompt.")
@@ -58,6 +59,7 @@ def generate(
     if not prompt.strip():
         raise UserError("--prompt is empty; give some text")
 
+    _refuse_past_context(prompt, options)
     engine = open_engine(options)
     loaded, decoder = engine.loaded, engine.decoder
     input_ids = encode_prompt(loaded.tokenizer, prompt)
@@ -92,6 +94,21 @@ def generate(
             result.stats.tokens_per_second,
             engine.sampling,
         )
+
+
+def _refuse_past_context(prompt: str, options: DecodingOptions) -> None:
+    """Refuse a prompt that leaves no room for even one reply token with the tokenizer and config
+    alone (a second), not after loading the weights and measuring t(N) (minutes on a fresh home).
+    The drafts' positions are the decoder's, known once it is built: _fit_context counts them."""
+    with progress() as status:
+        tokenizer, context = load_prompt_side(options.model, cache=cache_dir(), status=status)
+    prompt_tokens = len(encode_prompt(tokenizer, prompt))
+    try:
+        reply_budget(1, context, 0, prompt_tokens, 0)
+    except NoRoomForReply:
+        raise UserError(
+            f"the prompt has {prompt_tokens:,} tokens; the model's context holds {context:,}: shorten the prompt"
+        ) from None
 
 
 def _fit_context(wanted: int, prompt_tokens: int, context: int | None, max_depth: int) -> int:

@@ -2,7 +2,7 @@
 device, dtype and weights mode (runtime.py), load model and tokenizer."""
 
 from .device import cpu_isa, device_name, dtype_name, pick_device, pick_dtype
-from .load import LoadedModel, context_limit, load_model, load_tokenizer
+from .load import LoadedModel, context_limit, load_model, load_prompt_side, load_tokenizer
 from .resolve import DEFAULT_MODEL, ModelSource, resolve_model
 from .runtime import DENSE, Runtime, WeightsMode
 
@@ -16,6 +16,7 @@ __all__ = [
     "device_name",
     "dtype_name",
     "load_model",
+    "load_prompt_side",
     "load_tokenizer",
     "pick_device",
     "pick_dtype",

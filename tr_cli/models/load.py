@@ -50,10 +50,16 @@ class LoadedModel:
 
 def context_limit(model: torch.nn.Module) -> int | None:
     """The model's maximum positions, where the config states one."""
+    return config_context_limit(getattr(model, "config", None))
+
+
+def config_context_limit(config: object) -> int | None:
+    """The maximum positions a model's config states (its text decoder's, for a multimodal one),
+    or None: what context_limit reads, without the weights."""
     try:
-        config = model.config.get_text_config(decoder=True)
+        config = config.get_text_config(decoder=True)
     except (AttributeError, TypeError):
-        config = getattr(model, "config", None)
+        pass
     value = getattr(config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 0 else None
 
@@ -89,9 +95,7 @@ def _output_rows_of(source: ModelSource, config) -> int:
         ) from None
 
 
-def load_tokenizer(arg: str | None, *, cache: Path, status: Status = quiet) -> tuple[object, int, ModelSource]:
-    """Tokenizer, the matrix's row count and the source, without loading the weights. `cache`:
-    where converted GGUF checkpoints are kept."""
+def _tokenizer_and_config(arg: str | None, cache: Path, status: Status) -> tuple[object, object, ModelSource]:
     from transformers import AutoConfig, AutoTokenizer
 
     source = resolve_model(arg)
@@ -101,8 +105,22 @@ def load_tokenizer(arg: str | None, *, cache: Path, status: Status = quiet) -> t
         config = AutoConfig.from_pretrained(location, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"model {source.model_id}: cannot load its tokenizer ({first_line(exc)})") from None
-    rows = _output_rows_of(source, config)
-    return tokenizer, rows, source
+    return tokenizer, config, source
+
+
+def load_tokenizer(arg: str | None, *, cache: Path, status: Status = quiet) -> tuple[object, int, ModelSource]:
+    """Tokenizer, the matrix's row count and the source, without loading the weights. `cache`:
+    where converted GGUF checkpoints are kept."""
+    tokenizer, config, source = _tokenizer_and_config(arg, cache, status)
+    return tokenizer, _output_rows_of(source, config), source
+
+
+def load_prompt_side(arg: str | None, *, cache: Path, status: Status = quiet) -> tuple[object, int | None]:
+    """The tokenizer and the context length (config_context_limit), without the weights (under a
+    second): enough to refuse a prompt the context cannot hold before the model loads. `cache`:
+    where converted GGUF checkpoints are kept."""
+    tokenizer, config, _ = _tokenizer_and_config(arg, cache, status)
+    return tokenizer, config_context_limit(config)
 
 
 def load_model(
