@@ -31,7 +31,8 @@ def _shapes(hidden: int, heads: int, kv_heads: int, head_dim: int, mlp: int) -> 
     ]
 
 
-def _timed(fn, repeats: int) -> float:
+def median_ms(fn, repeats: int = 15) -> float:
+    """Median wall time of `fn` in ms, after 3 warm-up calls (also used by step_capture.py)."""
     for _ in range(3):
         fn()
     samples = []
@@ -85,9 +86,9 @@ def main() -> None:
         fns = [fn for layer in layers for fn in layer[name][1]]
         for n in (int(s) for s in args.sizes.split(",")):
             xs = [torch.randn(n, i, dtype=dtype) for _, i in shapes] * args.layers
-            layers_ms = _timed(lambda: [fn(x) for fn, x in zip(fns, xs, strict=True)], args.repeats)  # noqa: B023
+            layers_ms = median_ms(lambda: [fn(x) for fn, x in zip(fns, xs, strict=True)], args.repeats)  # noqa: B023
             x = torch.randn(n, args.hidden, dtype=dtype)
-            head_ms = _timed(lambda: head_fns[0](x), args.repeats)  # noqa: B023
+            head_ms = median_ms(lambda: head_fns[0](x), args.repeats)  # noqa: B023
             print(f"{name:<20} {n:>4} {layers_ms:>8.2f} {head_ms:>8.2f} {layers_ms + head_ms:>8.1f}")
 
 

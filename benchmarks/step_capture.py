@@ -18,24 +18,13 @@ Never run it beside another heavy process.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+from matmul_kernels import median_ms  # run as a script: benchmarks/ is on the path
 
 CAPACITY, CACHED = 512, 300
-
-
-def _median_ms(fn, repeats: int = 15) -> float:
-    for _ in range(3):
-        fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1000
 
 
 def _inductor(autotune: bool, cpp_wrapper: bool = False) -> None:
@@ -58,10 +47,10 @@ def head(autotune: bool) -> None:
         x = torch.randn(rows, 576)
         xb = x.bfloat16()
         times = {
-            "int8 (bf16 act.)": _median_ms(lambda xb=xb: torch.ops.aten._weight_int8pack_mm(xb, int8, bf16_scales)),
-            "int8 (fp32 act.)": _median_ms(lambda x=x: torch.ops.aten._weight_int8pack_mm(x, int8, scales)),
-            "fp32 linear": _median_ms(lambda x=x: F.linear(x, weight)),
-            "bf16 linear": _median_ms(lambda xb=xb: F.linear(xb, bf16_weight)),
+            "int8 (bf16 act.)": median_ms(lambda xb=xb: torch.ops.aten._weight_int8pack_mm(xb, int8, bf16_scales)),
+            "int8 (fp32 act.)": median_ms(lambda x=x: torch.ops.aten._weight_int8pack_mm(x, int8, scales)),
+            "fp32 linear": median_ms(lambda x=x: F.linear(x, weight)),
+            "bf16 linear": median_ms(lambda xb=xb: F.linear(xb, bf16_weight)),
         }
         print(f"M={rows:<3}", "  ".join(f"{k} {v:6.2f} ms" for k, v in times.items()), flush=True)
     if not autotune:
@@ -84,7 +73,7 @@ def head(autotune: bool) -> None:
         start = time.perf_counter()
         compiled(xb)
         took = time.perf_counter() - start
-        ms = _median_ms(lambda compiled=compiled, xb=xb: compiled(xb))
+        ms = median_ms(lambda compiled=compiled, xb=xb: compiled(xb))
         print(f"compiled int8 head M={rows}: compile {took:.0f} s, {ms:.2f} ms", flush=True)
 
 
@@ -153,7 +142,7 @@ def step(weights: str, autotune: bool, cpp_wrapper: bool) -> None:
     with torch.inference_mode():
         for n in (1, 4):
             args = inputs(n)
-            ms = _median_ms(lambda args=args: forward(*args, keys, values))
+            ms = median_ms(lambda args=args: forward(*args, keys, values))
             print(f"{weights} eager N={n}: {ms:.1f} ms", flush=True)
         _inductor(autotune, cpp_wrapper)
         compiled = torch.compile(forward, fullgraph=True, dynamic=False)
@@ -163,7 +152,7 @@ def step(weights: str, autotune: bool, cpp_wrapper: bool) -> None:
             reference, out = forward(*args, keys, values), compiled(*args, keys, values)
             took = time.perf_counter() - start
             same = torch.equal(reference.indices, out.indices)
-            ms = _median_ms(lambda args=args: compiled(*args, keys, values))
+            ms = median_ms(lambda args=args: compiled(*args, keys, values))
             print(f"{weights} compiled N={n}: compile {took:.0f} s, {ms:.1f} ms, same top-8 ids: {same}", flush=True)
 
 
