@@ -132,5 +132,5 @@ class Runtime:
         file holds Q4_1 weights), bfloat16'."""
         why = f" ({self.chosen_because})" if self.chosen_because else ""
         if self.weights.dense:
-            return f"{self.dtype_name}{why}" if why else self.dtype_name
+            return f"{self.dtype_name}{why}"
         return f"{self.weights} weights{why}, {self.dtype_name}"
