@@ -196,9 +196,11 @@ def read_events(response: http.client.HTTPResponse):
             yield "[DONE]" if payload == b"[DONE]" else json.loads(payload)
 
 
-def test_sigterm_during_a_streamed_reply(servers, home, tiny_llama_dir):
-    """The reply stops between two steps, the stream ends (an error event, or the whole reply if
-    it happened to end first), the process exits 0 soon after, and the matrix is saved."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_signal_during_a_streamed_reply(sig, servers, home, tiny_llama_dir):
+    """SIGTERM (a service manager) or SIGHUP (the terminal closed): the reply stops between two
+    steps, the stream ends with an error event (or the whole reply if it happened to end first),
+    the process exits 0 soon after, and the matrix is saved."""
     server = servers(str(tiny_llama_dir), "--dtype", "float32", "--max-new-tokens", "2000", "--tree", "paper")
     body = {
         "model": str(tiny_llama_dir),
@@ -223,7 +225,7 @@ def test_sigterm_during_a_streamed_reply(servers, home, tiny_llama_dir):
             if deltas == 3:
                 break
         before = matrices(home)
-        server.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(sig)
         signalled = time.monotonic()
         with contextlib.suppress(http.client.IncompleteRead, ConnectionError):
             seen.extend(events)  # to the end of the stream
@@ -233,7 +235,7 @@ def test_sigterm_during_a_streamed_reply(servers, home, tiny_llama_dir):
     try:
         status = server.proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        pytest.fail(f"tr serve still runs 30 s after SIGTERM; stderr:\n{server.stderr()}")
+        pytest.fail(f"tr serve still runs 30 s after {sig.name}; stderr:\n{server.stderr()}")
     stderr = server.stderr()
     assert status == 0, stderr
     assert stream_seconds < 30, stderr
@@ -241,11 +243,11 @@ def test_sigterm_during_a_streamed_reply(servers, home, tiny_llama_dir):
     last = seen[-1]
     if last == "[DONE]":  # the reply ended before the signal arrived: a whole stream
         assert any(e != "[DONE]" and e.get("choices") and e["choices"][0]["finish_reason"] for e in seen)
-    elif isinstance(last, dict) and "error" in last:  # cut: an OpenAI error event says why
+    else:  # cut: an OpenAI error event says why
+        assert isinstance(last, dict) and "error" in last, f"the stream ended without a last event: {last}"
         assert last["error"]["code"] == "unavailable", last
         assert "shutting down" in last["error"]["message"], last
         assert "cut after" in stderr, stderr
-    # else: the connection closed without a last event; the process still exited 0 above
     assert_matrix_saved(server, home, before)
 
 

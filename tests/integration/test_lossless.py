@@ -8,7 +8,9 @@ second turn continuing from the KV cache of the first.
 import pytest
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
+from tr_cli.core.decode import prefill_chunks
 from tr_cli.core.drafters import DraftPlan
+from tr_cli.core.errors import PrefillStopped
 
 from tiny_models import ARCHITECTURES, EOS, random_prompt, reference, tiny_model
 
@@ -178,3 +180,22 @@ def test_rewind_to_a_shared_prefix_continues_exactly(model, keep_from):
     # Back to nothing shared: a fresh start.
     decoder.rewind(0)
     assert decoder.tokens == [] and decoder.cached_length == 0
+
+
+def test_a_prefill_stopped_between_chunks_keeps_what_it_read_and_resumes_exactly():
+    """A caller that stops while a long prompt is read (a server whose client left) stops before
+    the next prefill chunk; the conversation then ends at the last cached token, and a request
+    with the same prompt reads only the rest and decodes exactly."""
+    model = tiny_model("llama")
+    prompt = random_prompt(1000, 41)
+    assert prefill_chunks(len(prompt)) == [(0, 500), (500, 1000)]
+    decoder = TokenRecyclingDecoder(model)
+    steps = decoder.steps(prompt, StopCondition.build(12, [EOS]), lambda: decoder.cached_length > 0)
+    with pytest.raises(PrefillStopped) as stopped:
+        next(steps)
+    assert (stopped.value.read, stopped.value.total) == (500, 1000)
+    assert decoder.cached_length == 500
+    assert decoder.tokens == prompt[:501]  # the first token not cached is the pending one
+    assert decoder.shared_prefix(prompt) == 501
+    continued = decoder.generate(prompt[501:], StopCondition.build(12, [EOS])).tokens
+    assert continued == reference(model, prompt, 12)

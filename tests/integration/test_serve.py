@@ -7,26 +7,36 @@ SmolLM2's tokenizer and chat template."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from urllib.parse import quote
 
 import httpx2 as httpx  # the HTTP client openai itself uses
 import openai
 import pytest
 import torch
 import uvicorn
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from starlette.testclient import TestClient
 
+from tr_cli.core.sampling_config import SamplingConfig
 from tr_cli.engine.engine import Engine
 from tr_cli.engine.options import DecodingOptions
 from tr_cli.serve.app import create_app
+from tr_cli.serve.connections import HEAD_SECONDS, with_head_deadline
+from tr_cli.serve.errors import ErrorResponse
 from tr_cli.serve.requests import ServedModel
-from tr_cli.serve.worker import DecodeWorker
+from tr_cli.serve.schema import ChatCompletionRequest, CompletionRequest
+from tr_cli.serve.worker import DecodeWorker, Delta, Failed, Job
 
-from tiny_models import reference
+from tiny_models import random_prompt, reference
 
 NAME = "tiny"
 
@@ -34,12 +44,14 @@ NAME = "tiny"
 class Server:
     """uvicorn serving an app in a thread, on a port of its own."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app, head_seconds: float = HEAD_SECONDS) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.address = self.sock.getsockname()
+        self.url = f"http://127.0.0.1:{self.address[1]}"
+        config = uvicorn.Config(app, http=with_head_deadline(head_seconds), log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> Server:
@@ -253,7 +265,7 @@ def test_a_full_queue_answers_429_with_retry_after(engine):
                 time.sleep(0.02)
             refused = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=10)
             assert refused.status_code == 429
-            assert int(refused.headers["Retry-After"]) >= 1
+            assert refused.headers["Retry-After"] == "1"  # nothing runs yet: a slot may free at once
             assert refused.json()["error"]["code"] == "queue_full"
             server.worker.start()  # the queued request is served, not lost
             answer = waiting.result(timeout=60)
@@ -275,7 +287,8 @@ def test_shutdown_refuses_queued_requests_with_503(engine):
         assert late.status_code == 503
 
 
-def test_a_client_leaving_mid_stream_frees_the_slot(engine, server):
+def test_a_client_leaving_mid_stream_frees_the_slot_and_is_logged_as_leaving(engine, server, caplog):
+    caplog.set_level(logging.INFO, logger="tr.serve")
     messages = [{"role": "user", "content": "Write a very long story about a lighthouse."}]
     body = {"model": NAME, "messages": messages, "max_tokens": 1500, "stream": True}
     prompt = len(rendered(engine, messages))
@@ -294,6 +307,8 @@ def test_a_client_leaving_mid_stream_frees_the_slot(engine, server):
         time.sleep(0.02)
     held = len(engine.decoder.tokens) - prompt
     assert 0 < held < 1500, "the reply was not cut"
+    access = [r.getMessage() for r in caplog.records if "/v1/chat/completions" in r.getMessage()]
+    assert len(access) == 1 and '" 499 · the client left mid-stream, after ' in access[0], access
     # The slot is free: the next request is served at once.
     answer = client(server).chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4)
     assert answer.model_extra["tr"]["queue_seconds"] < 1.0
@@ -406,3 +421,325 @@ def test_state_is_saved_periodically_and_at_close_and_a_failing_save_is_not_fata
         api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=3)  # still serving
     worker.close(timeout=30)
     assert calls[-1] is True  # at close the conversation ends and joins the store
+
+
+class _LeavesDuringPrefill(Job):
+    """A job whose client leaves (or whose server is told to stop) once the decoder has read the
+    first prefill chunk: the moment a real client would be abandoning a long prompt."""
+
+    decoder = None
+    on_leave = None
+
+    @property
+    def cancelled(self) -> bool:
+        if self.decoder.cached_length == 0:
+            return False
+        if self.on_leave is not None:
+            self.on_leave()
+            return False
+        return True
+
+
+def _serve_one(worker: DecodeWorker, job_class: type[Job], prompt: list[int], **attributes) -> list:
+    """Run `worker` on its thread, submit one job of `job_class` and collect what it emits."""
+
+    async def run() -> list:
+        job = job_class(prompt=prompt, max_new_tokens=4, sampling=SamplingConfig.greedy())
+        for name, value in attributes.items():
+            setattr(job, name, value)
+        worker.submit(job)
+        items = []
+        while not items or isinstance(items[-1], Delta):
+            item = await job.next(30)
+            assert item is not None, "the worker sent nothing within 30 s"
+            items.append(item)
+        return items
+
+    worker.start()
+    try:
+        return asyncio.run(run())
+    finally:
+        worker.close(timeout=30)
+
+
+@pytest.mark.parametrize("leaves", ["client", "server"])
+def test_a_long_prompt_nobody_waits_for_stops_between_prefill_chunks(engine, leaves):
+    """A client that leaves while its long prompt is read, or SIGTERM then: the worker stops
+    before the next prefill chunk instead of reading the whole prompt, says why, and the decoder
+    keeps the chunk it read."""
+    engine.decoder.reset()
+    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids)
+    prompt = random_prompt(1000, 5)  # two prefill chunks of 500
+    on_leave = worker.stop_accepting if leaves == "server" else None
+    items = _serve_one(worker, _LeavesDuringPrefill, prompt, decoder=engine.decoder, on_leave=on_leave)
+    assert len(items) == 1 and isinstance(items[0], Failed)
+    why = "the server is shutting down" if leaves == "server" else "the client went away"
+    assert items[0].error.status == 503 and items[0].error.message == f"generation stopped: {why}"
+    assert engine.decoder.cached_length == 500
+    assert engine.decoder.tokens == prompt[:501]
+
+
+class _SlowTokenizer:
+    """The model's tokenizer, but `encode` waits until the test lets it go: a stand-in for the
+    seconds megabytes of text take, long enough to see whether other clients are served."""
+
+    def __init__(self, tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def __len__(self) -> int:
+        return len(self._tokenizer)
+
+    def encode(self, *args, **kwargs):
+        self.entered.set()
+        assert self.release.wait(30), "the test never released the tokenizer"
+        return self._tokenizer.encode(*args, **kwargs)
+
+
+def test_a_request_being_tokenized_does_not_stall_other_clients(engine):
+    slow = _SlowTokenizer(engine.loaded.tokenizer)
+    model = served_model(engine)
+    model.encoder.tokenizer = slow
+    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids)
+    body = {"model": NAME, "messages": MESSAGES, "max_tokens": 2}
+    with Server(create_app(model, worker)) as server, ThreadPoolExecutor(1) as pool:
+        worker.start()
+        posted = pool.submit(httpx.post, server.url + "/v1/chat/completions", json=body, timeout=60)
+        assert slow.entered.wait(30), "the request never reached the tokenizer"
+        health = httpx.get(server.url + "/health", timeout=10)  # times out if tokenizing holds the loop
+        assert health.status_code == 200
+        slow.release.set()
+        assert posted.result(timeout=60).status_code == 200
+    worker.close(timeout=30)
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_it_is_tokenized(engine):
+    """Megabytes of text are refused by a character bound, not after seconds of tokenizing."""
+    context = engine.loaded.context_length
+    words = "word " * (context * 90 // 5)  # more characters than `context` tokens can hold
+    chat = {"model": NAME, "messages": [{"role": "user", "content": words}]}
+    text = {"model": NAME, "prompt": words}
+    with running(engine, max_body=8 * 1024 * 1024) as server:
+        answers = [
+            (httpx.post(f"{server.url}/v1/{path}", json=body, timeout=60), param)
+            for path, body, param in (("chat/completions", chat, "messages"), ("completions", text, "prompt"))
+        ]
+    for answer, param in answers:
+        error = error_of(answer, 400)
+        assert error["code"] == "context_length_exceeded" and error["param"] == param
+        assert f"{len(words):,} characters" in error["message"]
+        assert f"maximum context length is {context} tokens" in error["message"]
+
+
+def _closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `sock` (reads end) within `seconds`; what it sends first is read."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+    except TimeoutError:
+        return False
+    return True
+
+
+HALF_A_HEAD = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+
+
+@pytest.mark.parametrize("sent", [b"", HALF_A_HEAD], ids=["nothing", "half a head"])
+def test_a_connection_without_a_whole_request_head_is_closed(engine, sent):
+    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids)
+    with Server(create_app(served_model(engine), worker), head_seconds=0.5) as server:
+        with socket.create_connection(server.address) as idle:
+            idle.sendall(sent)
+            assert _closed_within(idle, 20), "the connection was never closed"
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # others are served
+
+
+def _send_partial_body(server: Server, then_close: bool) -> bytes:
+    head = HALF_A_HEAD + b"Content-Type: application/json\r\nContent-Length: 400\r\n\r\n"
+    with socket.create_connection(server.address) as sock:
+        sock.sendall(head + b'{"model": "tiny", "mess')
+        if then_close:
+            sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(20)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        return answer
+
+
+def test_a_body_that_stops_arriving_gets_408_and_one_cut_short_is_logged_as_the_client_leaving(engine, caplog):
+    caplog.set_level(logging.INFO, logger="tr.serve")
+    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids)
+    with Server(create_app(served_model(engine), worker, body_read_seconds=0.5)) as server:
+        stalled = _send_partial_body(server, then_close=False)
+        assert stalled.startswith(b"HTTP/1.1 408 ") and b'"code":"request_timeout"' in stalled
+        _send_partial_body(server, then_close=True)
+        deadline = time.monotonic() + 10
+        while len([r for r in caplog.records if "/v1/chat" in r.getMessage()]) < 2:
+            assert time.monotonic() < deadline, "no access line for the cut body"
+            time.sleep(0.02)
+    access = [r.getMessage() for r in caplog.records if "/v1/chat" in r.getMessage()]
+    assert '" 408 · ' in access[0]
+    assert '" 499 · the client left while sending the request body' in access[1], access
+    assert not any("JSON" in line for line in access)  # a cut body is never parsed
+
+
+# -- the OpenAPI document, and every route fuzzed from it ---------------------------------------
+
+
+def _json_values() -> st.SearchStrategy:
+    scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
+
+    def nested(inner: st.SearchStrategy) -> st.SearchStrategy:
+        return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+
+    return st.recursive(scalars, nested, max_leaves=12)
+
+
+def _from_schema(schema: dict, components: dict) -> st.SearchStrategy:
+    """Values valid for a JSON schema as pydantic writes them (refs, anyOf, enums, bounds,
+    objects with required and optional properties): enough to fuzz our own request bodies."""
+    if "$ref" in schema:
+        return st.deferred(lambda: _from_schema(components[schema["$ref"].rsplit("/", 1)[-1]], components))
+    if "anyOf" in schema:
+        return st.one_of([_from_schema(option, components) for option in schema["anyOf"]])
+    if "const" in schema:
+        return st.just(schema["const"])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    kind = schema.get("type")
+    if kind == "object":
+        properties = schema.get("properties", {})
+        required = {name: _from_schema(properties[name], components) for name in schema.get("required", [])}
+        optional = {name: _from_schema(p, components) for name, p in properties.items() if name not in required}
+        return st.fixed_dictionaries(required, optional=optional)
+    if kind == "array":
+        items = _from_schema(schema.get("items", {}), components)
+        return st.lists(items, min_size=schema.get("minItems", 0), max_size=max(3, schema.get("minItems", 0)))
+    if kind == "string":
+        return st.text(min_size=schema.get("minLength", 0), max_size=40)
+    if kind == "integer":
+        high = schema.get("maximum", schema.get("exclusiveMaximum", 2**70) - 1)
+        return st.integers(schema.get("minimum", schema.get("exclusiveMinimum", -(2**70)) + 1), high)
+    if kind == "number":
+        return st.floats(
+            schema.get("minimum", schema.get("exclusiveMinimum")),
+            schema.get("maximum", schema.get("exclusiveMaximum")),
+            allow_nan=False,
+            allow_infinity=False,
+            exclude_min="exclusiveMinimum" in schema,
+            exclude_max="exclusiveMaximum" in schema,
+        )
+    if kind == "boolean":
+        return st.booleans()
+    if kind == "null":
+        return st.none()
+    return _json_values()  # any JSON: no type given
+
+
+def _mutated(body: dict, data: st.DataObject) -> dict:
+    """`body` with one field (one of its own, or a made-up one) set to any JSON value."""
+    names = sorted(body) + ["model", "messages", "prompt", "max_tokens", "stream", "seed", "stop"]
+    name = data.draw(st.sampled_from(names))
+    return {**body, name: data.draw(_json_values())}
+
+
+def _small(body):
+    """A fuzzed body with its reply kept to a few tokens (the fuzz is about the API, not decoding)."""
+    if isinstance(body, dict):
+        for name in ("max_tokens", "max_completion_tokens"):
+            if isinstance(body.get(name), int) and not isinstance(body[name], bool) and body[name] > 4:
+                body[name] = 4
+    return body
+
+
+def _assert_openai_shaped(response) -> None:
+    assert response.status_code < 500, response.text
+    if response.status_code >= 400:
+        assert response.headers["content-type"].startswith("application/json"), response.headers
+        ErrorResponse.model_validate(response.json())
+    elif response.headers.get("content-type", "").startswith("text/event-stream"):
+        for line in response.text.splitlines():
+            if line.startswith("data: {") and '"error"' in line[:12]:
+                ErrorResponse.model_validate_json(line[len("data: ") :])
+
+
+def test_the_openapi_document_describes_the_real_bodies_and_the_error_shape(server):
+    document = httpx.get(server.url + "/openapi.json", timeout=10).json()
+    schemas = document["components"]["schemas"]
+    for path, model in (("/v1/chat/completions", ChatCompletionRequest), ("/v1/completions", CompletionRequest)):
+        operation = document["paths"][path]["post"]
+        body = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model.__name__}"}
+        assert set(schemas[model.__name__]["properties"]) == set(model.model_fields)
+        for status in ("400", "401", "404", "413", "429", "503"):
+            error = operation["responses"][status]["content"]["application/json"]["schema"]
+            assert error == {"$ref": "#/components/schemas/ErrorResponse"}
+    assert httpx.get(server.url + "/docs", timeout=10).status_code == 200
+
+
+def _fuzz_posts(http: TestClient, path: str, valid: st.SearchStrategy) -> list[int]:
+    """The statuses of fuzzed posts to `path`."""
+    statuses = []
+
+    @settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(data=st.data())
+    def post(data: st.DataObject) -> None:
+        kind = data.draw(st.sampled_from(["valid", "mutated", "json", "bytes"]))
+        if kind == "bytes":
+            content = data.draw(st.binary(max_size=64))
+        else:
+            body = data.draw(valid)
+            if kind == "valid":  # a few fields, the served model: most such bodies reach the decoder
+                kept = data.draw(st.sets(st.sampled_from(sorted(body)), max_size=3))
+                body = {name: value for name, value in body.items() if name in kept or name in REQUIRED}
+                body["model"] = NAME
+            if kind == "mutated":
+                body = _mutated(body, data)
+            elif kind == "json":
+                body = data.draw(_json_values())
+            content = json.dumps(_small(body)).encode()
+        response = http.post(path, content=content, headers={"content-type": "application/json"})
+        _assert_openai_shaped(response)
+        statuses.append(response.status_code)
+
+    post()
+    return statuses
+
+
+def _fuzz_gets(http: TestClient) -> None:
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None)
+    @given(name=st.text(max_size=30), method=st.sampled_from(["GET", "POST", "DELETE"]))
+    def request(name: str, method: str) -> None:
+        for path in ("/health", "/v1/models", "/v1/models/" + quote(name, safe="")):
+            _assert_openai_shaped(http.request(method, path))
+
+    request()
+
+
+def test_fuzzing_every_route_gets_no_5xx_and_only_openai_shaped_errors(engine):
+    """A bounded property-based fuzz of every route the document lists: bodies generated from its
+    schemas, the same with one field made anything, any JSON, any bytes, any model name."""
+    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids)
+    app = create_app(served_model(engine, default_max_tokens=4), worker)
+    worker.start()
+    try:
+        with TestClient(app, raise_server_exceptions=False) as http:
+            document = http.get("/openapi.json").json()
+            assert set(document["paths"]) == FUZZED_PATHS, "a route was added: fuzz it here too"
+            for path in ("/v1/chat/completions", "/v1/completions"):
+                body = document["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+                statuses = _fuzz_posts(http, path, _from_schema(body, document["components"]["schemas"]))
+                assert 200 in statuses and 400 in statuses, f"{path}: the fuzz missed the decoder or the checks"
+            _fuzz_gets(http)
+    finally:
+        worker.close(timeout=30)
+
+
+REQUIRED = {"model", "messages", "prompt"}
+FUZZED_PATHS = {"/health", "/v1/models", "/v1/models/{name}", "/v1/chat/completions", "/v1/completions"}

@@ -2,8 +2,8 @@
 
 The port is bound before the model loads (a port in use fails at once) and listened on once the
 model is ready. uvicorn serves tr_cli/serve's app on a thread of its own; the main thread decodes
-(torch runs fastest on the thread that loaded the model, see serve/worker.py). SIGINT and SIGTERM
-stop both: new and queued requests are refused, the running one stops between two steps, the
+(torch runs fastest on the thread that loaded the model, see serve/worker.py). SIGINT, SIGTERM
+and SIGHUP stop both: new and queued requests are refused, the running one stops between two steps, the
 responses end, the hot state is saved, exit 0. A second Ctrl-C stops waiting for open connections.
 """
 
@@ -26,10 +26,11 @@ from ..engine.options import DecodingOptions
 from ..errors import UserError
 from ..models import DEFAULT_MODEL
 from ..serve.app import create_app
+from ..serve.connections import with_head_deadline
 from ..serve.requests import ServedModel
 from ..serve.worker import DecodeWorker
 from .console import note, warn
-from .interrupts import handling
+from .interrupts import TERMINATING_SIGNALS, handling
 from .options import decoding_options
 from .setup import open_engine, save_state
 
@@ -73,8 +74,9 @@ def _is_loopback(host: str) -> bool:
 
 
 def _stopped_by_signals(worker: DecodeWorker, server: uvicorn.Server) -> AbstractContextManager[None]:
-    """SIGINT and SIGTERM stop the worker and the HTTP server (a second one: without waiting for
-    open connections) instead of raising, so that the state is saved and the exit status is 0."""
+    """SIGINT, SIGTERM and SIGHUP (the terminal closed) stop the worker and the HTTP server (a
+    second one: without waiting for open connections) instead of killing the process, so that
+    streamed replies end with an error event, the state is saved and the exit status is 0."""
 
     def stop(signum: int, frame) -> None:
         if server.should_exit:
@@ -82,7 +84,7 @@ def _stopped_by_signals(worker: DecodeWorker, server: uvicorn.Server) -> Abstrac
         worker.stop_accepting()
         server.should_exit = True
 
-    return handling((signal.SIGINT, signal.SIGTERM), stop)
+    return handling((signal.SIGINT, *TERMINATING_SIGNALS), stop)
 
 
 def _wait_started(server: uvicorn.Server, http: threading.Thread) -> None:
@@ -140,7 +142,12 @@ def serve(
         _access_log()
         app = create_app(served, worker, api_key=api_key.strip() if api_key else None)
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=10
+            app,
+            http=with_head_deadline(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=10,
         )
         server = uvicorn.Server(config)
         http = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="tr-http", daemon=True)

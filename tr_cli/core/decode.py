@@ -24,6 +24,7 @@ from .drafters.base import Drafter, Placement, Verification
 from .drafters.matrix_tree import MatrixTreeDrafter
 from .drafters.merge import DraftMerger, TreeMerge
 from .drafters.planner import DraftPlanner
+from .errors import PrefillStopped
 from .events import GenerationResult, GenerationStats, StepEvent, StepTimings, track
 from .forward import make_forward
 from .kv_cache import CompactingCache
@@ -218,13 +219,18 @@ class TokenRecyclingDecoder:
             drafter.learn(verification, placements.get(index))
 
     @torch.inference_mode()
-    def _prefill(self, ids: list[int]) -> tuple[int, StepTimings]:
-        """Run new tokens through the model in chunks; return the next token (greedy or sampled)."""
+    def _prefill(self, ids: list[int], stop_requested: Callable[[], bool] | None) -> tuple[int, StepTimings]:
+        """Run new tokens through the model in chunks; return the next token (greedy or sampled).
+        `stop_requested` is asked before each chunk: a long prompt nobody waits for any more
+        stops there (PrefillStopped), the cache keeping the chunks already read."""
         t0 = time.perf_counter()
         update = 0.0
         learners = [drafter for drafter in self.drafters if drafter.learns_from_prefill]
         last_logits = None
         for start, stop in prefill_chunks(len(ids)):
+            if stop_requested is not None and stop_requested():
+                self.rewind(self.cache.length + 1)  # the first token not cached becomes the pending one
+                raise PrefillStopped(start, len(ids))
             chunk = torch.tensor(ids[start:stop], dtype=torch.long, device=self.device)
             logits = self._forward_causal(chunk)
             last_logits = logits[-1]
@@ -310,15 +316,19 @@ class TokenRecyclingDecoder:
         else:
             self.cache.keep(root_at, torch.tensor(kept, dtype=torch.long, device=self.device))
 
-    def steps(self, input_ids: list[int], stop: StopCondition) -> Iterator[StepEvent]:
-        """Append `input_ids` to the conversation and generate; yields one event per forward pass."""
+    def steps(
+        self, input_ids: list[int], stop: StopCondition, stop_requested: Callable[[], bool] | None = None
+    ) -> Iterator[StepEvent]:
+        """Append `input_ids` to the conversation and generate; yields one event per forward pass.
+        Between events the caller stops by closing the generator; during the prefill, which may
+        take many seconds before the first event, by `stop_requested` (see `_prefill`)."""
         if not input_ids and self.pending is None:
             raise ValueError("nothing to continue from: give input tokens")
         feed = ([self.pending] if self.pending is not None else []) + list(input_ids)
         self._append(list(input_ids))
         generated: list[int] = []
 
-        first, timings = self._prefill(feed)
+        first, timings = self._prefill(feed, stop_requested)
         self.pending = first
         _, reason = stop.cut(generated, [first])
         generated.append(first)

@@ -31,3 +31,14 @@ class SettingError(TrError, ValueError):
         self.value = value
         self.reason = reason
         super().__init__(f"{setting} {value}: {reason}")
+
+
+class PrefillStopped(Exception):
+    """The caller asked the decode to stop while the prompt was still being read (between two
+    prefill chunks). The conversation ends at the last token whose keys and values were cached,
+    so a later request that starts with the same prompt reads only the rest."""
+
+    def __init__(self, read: int, total: int) -> None:
+        super().__init__(f"stopped after reading {read} of {total} prompt tokens")
+        self.read = read
+        self.total = total

@@ -7,6 +7,7 @@ no decode time); decoding happens on the worker thread, whose text comes back th
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -20,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from .errors import ApiError
+from .openapi import ERROR_RESPONSES, request_body, use_document
 from .requests import ServedModel
 from .responses import SSE_DONE, SSE_KEEPALIVE, Reply, sse
 from .schema import ChatCompletionRequest, CompletionRequest
@@ -28,7 +30,13 @@ from .worker import DecodeWorker, Delta, Failed, Finished, Job, QueueFull
 log = logging.getLogger("tr.serve")
 
 MAX_BODY_BYTES = 8 * 1024 * 1024  # a long conversation is a few hundred kB of JSON
+BODY_READ_SECONDS = 10.0  # the longest pause allowed while a request body arrives
 _WAIT_SECONDS = 0.5  # how often a waiting request checks that its client is still there
+CLIENT_LEFT = 499  # nginx's status for a client that closed the connection before the response
+
+
+class _ClientLeft(Exception):
+    """The connection closed while the request body was still arriving."""
 
 
 def _json_error(error: ApiError) -> JSONResponse:
@@ -36,13 +44,16 @@ def _json_error(error: ApiError) -> JSONResponse:
 
 
 class RequestGate:
-    """Before any route: the API key on /v1 (when one is set) and the body size (413 over the
-    limit, read once and replayed to the route). Pure ASGI, so it also guards streamed bodies."""
+    """Before any route: the API key on /v1 (when one is set), the body size (413 over the
+    limit) and its pace (408 when it pauses longer than `read_seconds`); the body is read once
+    and replayed to the route. A body cut short by a disconnect reaches no route. Pure ASGI, so
+    it also guards streamed bodies."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int, read_seconds: float) -> None:
         self.app = app
         self.api_key = api_key
         self.max_body = max_body
+        self.read_seconds = read_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,7 +61,11 @@ class RequestGate:
             return
         refusal = self._refuse_key(scope)
         if refusal is None:
-            body, refusal = await self._read_body(scope, receive)
+            try:
+                body, refusal = await self._read_body(scope, receive)
+            except _ClientLeft:
+                scope.setdefault("state", {})["left_after"] = "while sending the request body"
+                return
         if refusal is not None:
             scope.setdefault("state", {})["error"] = refusal.message
             await _json_error(refusal)(scope, receive, send)
@@ -86,9 +101,13 @@ class RequestGate:
             return b"", too_big
         chunks, size = [], 0
         while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
+            try:
+                message = await asyncio.wait_for(receive(), self.read_seconds)
+            except asyncio.TimeoutError:
+                seconds = f"{self.read_seconds:g}"
+                return b"", ApiError(408, f"the request body stopped arriving for {seconds} s", code="request_timeout")
+            if message["type"] == "http.disconnect":
+                raise _ClientLeft
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
@@ -110,7 +129,7 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
+        status = 500  # what the log says when the app raised before responding
 
         async def watch(message: Message) -> None:
             nonlocal status
@@ -127,8 +146,13 @@ class AccessLog:
 def _access_line(scope: Scope, status: int, seconds: float) -> str:
     client = scope.get("client")
     who = f"{client[0]}:{client[1]}" if client else "-"
-    parts = [f'{who} "{scope["method"]} {scope["path"]}" {status}']
     state = scope.get("state", {})
+    left_after = state.get("left_after")
+    if left_after is not None:
+        status = CLIENT_LEFT  # whatever was sent before: nobody read the end of it
+    parts = [f'{who} "{scope["method"]} {scope["path"]}" {status}']
+    if left_after is not None:
+        parts.append(f"the client left {left_after}")
     finished: Finished | None = state.get("finished")
     if finished is not None:
         stats = finished.stats
@@ -152,8 +176,7 @@ def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
     return (f"{param}: {words}" if param else words), param or None
 
 
-async def _parse(request: Request, model_class: type[ChatCompletionRequest] | type[CompletionRequest]):
-    raw = await request.body()
+def _parse(raw: bytes, model_class: type[ChatCompletionRequest] | type[CompletionRequest]):
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -185,9 +208,14 @@ async def _wait(job: Job, request: Request) -> Finished | None:
 
 
 def create_app(
-    model: ServedModel, worker: DecodeWorker, api_key: str | None = None, max_body: int = MAX_BODY_BYTES
+    model: ServedModel,
+    worker: DecodeWorker,
+    api_key: str | None = None,
+    max_body: int = MAX_BODY_BYTES,
+    body_read_seconds: float = BODY_READ_SECONDS,
 ) -> FastAPI:
-    app = FastAPI(title="tr serve", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tr serve", version=__version__, redoc_url=None)
+    use_document(app, "The OpenAI API (chat and text completions, streamed or not), decoded with Token Recycling.")
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -220,9 +248,15 @@ def create_app(
         model.check_name(name)
         return _model_card()
 
+    def _prepare(raw: bytes, chat: bool, loop: asyncio.AbstractEventLoop) -> tuple:
+        parsed = _parse(raw, ChatCompletionRequest if chat else CompletionRequest)
+        return parsed, model.job(parsed, loop)
+
     async def _generate(request: Request, chat: bool) -> Response:
-        parsed = await _parse(request, ChatCompletionRequest if chat else CompletionRequest)
-        job = model.job(parsed)
+        # Parsing, templating and tokenizing take seconds for megabytes of text: off the event
+        # loop, so that one such request does not stall every other client (and /health).
+        raw = await request.body()
+        parsed, job = await asyncio.to_thread(_prepare, raw, chat, asyncio.get_running_loop())
         try:
             worker.submit(job)
         except QueueFull as full:
@@ -242,11 +276,13 @@ def create_app(
             )
         finished = await _wait(job, request)
         if finished is None:
-            return Response(status_code=499)  # nobody reads it; the log says the client left
+            request.state.left_after = "before the reply was ready"
+            return Response(status_code=CLIENT_LEFT)  # nobody reads it
         request.state.finished = finished
         return JSONResponse(reply.whole(finished))
 
     async def _stream(job: Job, reply: Reply, request: Request, include_usage: bool):
+        ended, generated = False, 0
         try:
             if reply.chat:
                 yield sse(reply.chunk("", first=True))
@@ -255,30 +291,35 @@ def create_app(
                 if item is None:  # queued or prefilling: a comment shows whether the client is there
                     yield SSE_KEEPALIVE
                 elif isinstance(item, Delta):
+                    generated = item.generated
                     yield sse(reply.chunk(item.text))
                 elif isinstance(item, Failed):
                     request.state.error = item.error.message
+                    ended = True
                     yield sse(item.error.body())
                     return
                 else:  # Finished
                     request.state.finished = item
+                    ended = True
                     yield sse(reply.last_chunk(item))
                     if include_usage:
                         yield sse(reply.usage_chunk(item))
                     yield SSE_DONE
                     return
         finally:
+            if not ended:  # the response was cut off: its client went away
+                request.state.left_after = f"mid-stream, after {generated} tokens"
             job.cancel()  # a no-op once finished; stops the decode when the client went away
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=request_body(ChatCompletionRequest), responses=ERROR_RESPONSES)
     async def chat_completions(request: Request) -> Response:
         return await _generate(request, chat=True)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=request_body(CompletionRequest), responses=ERROR_RESPONSES)
     async def completions(request: Request) -> Response:
         return await _generate(request, chat=False)
 
     # The outermost layer logs what the gate refused too.
-    app.add_middleware(RequestGate, api_key=api_key, max_body=max_body)
+    app.add_middleware(RequestGate, api_key=api_key, max_body=max_body, read_seconds=body_read_seconds)
     app.add_middleware(AccessLog)
     return app

@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel
+
+
+class ErrorObject(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """The shape of every error the server sends (also the OpenAPI document's)."""
+
+    error: ErrorObject
+
 
 class ApiError(Exception):
     """A request the server answers with an error; `body()` is the OpenAI error object."""
@@ -25,7 +40,8 @@ class ApiError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        error = ErrorObject(message=self.message, type=self.type, param=self.param, code=self.code)
+        return ErrorResponse(error=error).model_dump()
 
 
 def server_error(message: str) -> ApiError:

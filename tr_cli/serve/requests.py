@@ -5,13 +5,16 @@ the model's generation config exactly as `tr chat` merges them)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..core.errors import SettingError
 from ..core.sampling_config import SamplingConfig, SamplingRequest
 from ..core.stopping import NoRoomForReply, reply_budget
 from ..engine.options import DEFAULT_MAX_NEW_TOKENS
 from ..text.conversation import ConversationEncoder, TemplateError
+from ..text.prompt_bound import fewest_tokens, longest_token_chars
 from .errors import ApiError
 from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .worker import Job
@@ -33,6 +36,26 @@ class ServedModel:
     def __post_init__(self) -> None:
         self.encoder = ConversationEncoder(self.tokenizer)
 
+    @cached_property
+    def longest_token(self) -> int:
+        return longest_token_chars(self.tokenizer)
+
+    def _refuse_what_cannot_fit(self, texts: list[str], param: str) -> None:
+        """Before templating and tokenizing (seconds for megabytes of text): refuse texts too
+        long for the context whatever their tokens turn out to be."""
+        if self.context_length is None:
+            return
+        fewest = fewest_tokens(texts, self.longest_token)
+        if fewest >= self.context_length:
+            characters = sum(len(text) for text in texts)
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {self.context_length} tokens; the {param} hold "
+                f"{characters:,} characters, at least {fewest:,} tokens. Shorten the {param}.",
+                param=param,
+                code="context_length_exceeded",
+            )
+
     def check_name(self, requested: str) -> None:
         if requested != self.name and requested not in self.aliases:
             raise ApiError(
@@ -46,6 +69,7 @@ class ServedModel:
         messages = request.conversation()
         if not self.encoder.templated:
             raise ApiError(400, f"model {self.name} has no chat template: use /v1/completions", param="messages")
+        self._refuse_what_cannot_fit([m["content"] for m in messages], "messages")
         try:
             return self.encoder.encode(messages).ids
         except TemplateError as exc:
@@ -56,6 +80,7 @@ class ServedModel:
         if isinstance(prompt, str):
             if not prompt:
                 raise ApiError(400, "prompt is empty", param="prompt")
+            self._refuse_what_cannot_fit([prompt], "prompt")
             return list(self.tokenizer.encode(prompt, add_special_tokens=True))
         vocabulary = len(self.tokenizer)
         if any(not 0 <= t < vocabulary for t in prompt):
@@ -100,8 +125,11 @@ class ServedModel:
                 400, f"{exc.setting} {exc.reason}, got {exc.value}", param=exc.setting if field_given else None
             ) from None
 
-    def job(self, request: ChatCompletionRequest | CompletionRequest) -> Job:
-        """Everything checked before the job queues (an error here costs no decode time)."""
+    def job(
+        self, request: ChatCompletionRequest | CompletionRequest, loop: asyncio.AbstractEventLoop | None = None
+    ) -> Job:
+        """Everything checked before the job queues (an error here costs no decode time). Off the
+        event loop, give the `loop` the job reports to."""
         self.check_name(request.model)
         request.unsupported()
         stops = request.stop_strings()
@@ -109,4 +137,5 @@ class ServedModel:
             prompt = self.chat_prompt(request)
         else:
             prompt = self.completion_prompt(request)
-        return Job(prompt, self.budget(prompt, request.requested_tokens()), self.sampling(request), stops)
+        budget = self.budget(prompt, request.requested_tokens())
+        return Job(prompt, budget, self.sampling(request), stops, loop=loop)

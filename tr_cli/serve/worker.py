@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import queue
+import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..core import StopCondition, TokenRecyclingDecoder
+from ..core.errors import PrefillStopped
 from ..core.events import GenerationResult, GenerationStats, track
 from ..core.sampling_config import SamplingConfig
 from ..text.reply_text import ReplyText
@@ -40,6 +44,7 @@ _POLL_SECONDS = 0.2  # how often an idle worker looks at saves and shutdown
 @dataclass(frozen=True)
 class Delta:
     text: str
+    generated: int  # tokens generated so far (the text may hold some back for stop strings)
 
 
 @dataclass(frozen=True)
@@ -72,12 +77,13 @@ class Job:
     sampling: SamplingConfig
     stops: tuple[str, ...] = ()
     enqueued: float = field(default_factory=time.perf_counter)
-    _loop: asyncio.AbstractEventLoop | None = None
+    loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)  # the requester's (default: running)
     _inbox: asyncio.Queue | None = None
     _cancel: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
         self._inbox = asyncio.Queue()
 
     def cancel(self) -> None:
@@ -91,7 +97,7 @@ class Job:
     def emit(self, item: Item) -> None:
         """From the worker thread: hand an item to the request's event loop."""
         try:
-            self._loop.call_soon_threadsafe(self._inbox.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._inbox.put_nowait, item)
         except RuntimeError:  # the loop is closed (shutdown): nobody listens any more
             pass
 
@@ -107,6 +113,16 @@ class QueueFull(Exception):
     def __init__(self, retry_after: int) -> None:
         super().__init__("queue full")
         self.retry_after = retry_after
+
+
+def retry_after_seconds(recent: Sequence[float], running_for: float | None) -> int:
+    """Whole seconds until a full queue likely has room: the rest of the running job, judged by
+    the median of the `recent` jobs' durations (without any yet: as long again as it has run).
+    A slot frees when the running job ends and the first waiting one starts."""
+    if running_for is None:
+        return 1  # nothing runs (the worker is starting or stopping): ask again soon
+    typical = statistics.median(recent) if recent else 2 * running_for
+    return max(1, math.ceil(typical - running_for))
 
 
 class DecodeWorker:
@@ -131,7 +147,8 @@ class DecodeWorker:
         self._last_save = time.monotonic()
         self._unsaved = False
         self._closing = threading.Event()
-        self._recent_seconds = 5.0  # a running mean of job durations, for Retry-After
+        self._durations: deque[float] = deque(maxlen=16)  # of recent jobs, for Retry-After
+        self._running_since = 0.0
         self.running: Job | None = None
         self.jobs_done = 0
         self._thread = threading.Thread(target=self._run, name="tr-decode", daemon=True)
@@ -160,8 +177,8 @@ class DecodeWorker:
         try:
             self._queue.put_nowait(job)
         except queue.Full:
-            waiting = self._queue.qsize() + 1
-            raise QueueFull(max(1, round(self._recent_seconds * waiting))) from None
+            running_for = time.perf_counter() - self._running_since if self.running is not None else None
+            raise QueueFull(retry_after_seconds(list(self._durations), running_for)) from None
 
     def stop_accepting(self) -> None:
         """A signal arrived: refuse new jobs and the queued ones (503); the running one stops
@@ -192,6 +209,7 @@ class DecodeWorker:
                 continue
             if job.cancelled:
                 continue
+            self._running_since = time.perf_counter()
             self.running = job
             try:
                 self._serve(job)
@@ -248,8 +266,15 @@ class DecodeWorker:
         finally:
             self._unsaved = True
             self.jobs_done += 1
-            self._recent_seconds = 0.8 * self._recent_seconds + 0.2 * (time.perf_counter() - begin)
+            self._durations.append(time.perf_counter() - begin)
         job.emit(finish)
+
+    def _stop_requested(self, job: Job) -> Callable[[], bool]:
+        """Whether the decode should stop: its client went away or the server is shutting down."""
+        return lambda: job.cancelled or self._closing.is_set()
+
+    def _why(self) -> str:
+        return "the server is shutting down" if self._closing.is_set() else "the client went away"
 
     def _decode(self, job: Job, reused: int, queue_seconds: float) -> Item:
         feed = job.prompt[len(self.decoder.tokens) :]
@@ -262,26 +287,30 @@ class DecodeWorker:
         reply = ReplyText(self.tokenizer, job.stops)
         result = GenerationResult(stats=GenerationStats(prompt_tokens=len(job.prompt)))
         reason = None
-        steps = self.decoder.steps(feed, stop)
+        stop_requested = self._stop_requested(job)
+        steps = self.decoder.steps(feed, stop, stop_requested)
         try:
             for event in track(steps, result):
                 delta = reply.push(event.new_tokens)
                 if delta:
-                    job.emit(Delta(delta))
+                    job.emit(Delta(delta, len(result.tokens)))
                 reason = event.finish_reason
                 if reason is None and reply.stopped:
                     reason = "stop_string"  # a stop string longer than the decoder's look-back
                 if reason is not None:
                     break
-                if job.cancelled or self._closing.is_set():
+                if stop_requested():
                     break  # between two steps: the decoder's state stays consistent
+        except PrefillStopped as stopped:
+            read = f"{stopped.read} of {stopped.total}"
+            log.info("cut while reading the prompt (%s tokens read): %s", read, self._why())
+            return Failed(unavailable(f"generation stopped: {self._why()}"))
         finally:
             steps.close()
         if reason is None:
-            why = "the server is shutting down" if self._closing.is_set() else "the client went away"
-            log.info("cut after %d tokens: %s", len(result.tokens), why)
-            return Failed(unavailable(f"generation stopped: {why}"))
+            log.info("cut after %d tokens: %s", len(result.tokens), self._why())
+            return Failed(unavailable(f"generation stopped: {self._why()}"))
         rest = reply.finish()
         if rest:
-            job.emit(Delta(rest))
+            job.emit(Delta(rest, len(result.tokens)))
         return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds)
