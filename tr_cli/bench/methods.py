@@ -17,7 +17,7 @@ from ..core.sampling_config import SamplingConfig
 from ..engine.engine import Engine
 from ..engine.options import draft_plan
 from ..errors import SettingError
-from ..models.runtime import QUANTIZED_MODES, WeightsMode
+from ..models.weights_mode import QUANTIZED_MODES, WeightsMode
 from .llama_cpp import LLAMA_CPP_METHODS, LLAMA_CPP_NGRAM, LlamaCpp, LlamaServer, check_available
 from .run import Run
 

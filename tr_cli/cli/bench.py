@@ -7,30 +7,24 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 import typer
 from rich.console import Console
 from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
-from ..bench.distribution import check_tokens
-from ..bench.llama_cpp import llama_cpp_version
-from ..bench.methods import Method, make_runners, model_of, parse_methods
-from ..bench.metrics import summarize
-from ..bench.report import FORMATS, environment, environment_line, render_passes, rows, sampled
-from ..bench.runner import conversation_turns, over_context, run_bench
-from ..engine.engine import Engine
 from ..engine.options import DecodingOptions
 from ..errors import UserError, first_line
-from ..models import cpu_isa, device_name
 from ..text.conversation import ConversationEncoder
 from ..text.prompts import SAMPLE, PromptRecord, load_prompts, select_prompts
 from .console import note, progress_bar, warn
 from .options import decoding_options
-from .setup import open_engine, save_state
+
+if TYPE_CHECKING:  # the methods, the report's versions and the engine import torch: when a bench runs
+    from ..bench.methods import Method
+    from ..engine.engine import Engine
 
 PIPED_WIDTH = 220  # a pipe or file has no width: give the table room instead of Rich's 80 columns
 
@@ -108,6 +102,15 @@ def bench(
 ) -> None:
     """Benchmark Token Recycling against transformers generate (greedy, or sampling with --temperature)
     and prompt lookup decoding."""
+    import torch
+
+    from ..bench.distribution import check_tokens
+    from ..bench.llama_cpp import llama_cpp_version
+    from ..bench.methods import make_runners, model_of, parse_methods
+    from ..bench.metrics import summarize
+    from ..bench.report import FORMATS
+    from .setup import open_engine, save_state
+
     chosen = parse_methods(_split(methods), options.drafts, options.k)
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt}: choose table, md, csv or json")
@@ -187,6 +190,8 @@ def _fit_context(
 ) -> tuple[list[PromptRecord], str | None]:
     """The prompts the model's context holds, and what was skipped (for the report); each
     skipped prompt is a warning."""
+    from ..bench.runner import conversation_turns, over_context
+
     context = engine.loaded.context_length
     max_depth = engine.decoder.max_depth if engine.decoder is not None else 0
     over = over_context(records, conversation_turns(encoder), max_new_tokens, turns, context, max_depth)
@@ -208,6 +213,9 @@ def _fit_context(
 
 def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> dict:
     """The circumstances recorded with the numbers: versions, machine, model, drafts, matrix state."""
+    from ..bench.report import environment
+    from ..models.device import cpu_isa, device_name
+
     loaded, hot, sampling = engine.loaded, engine.hot, engine.sampling
     return environment(
         model=loaded.model_id,
@@ -228,6 +236,8 @@ def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> di
 
 def _run(runners, records, encoder: ConversationEncoder, check, **schedule):
     """run_bench under a progress bar with the running speedups."""
+    from ..bench.runner import conversation_turns, run_bench
+
     with progress_bar(TimeElapsedColumn()) as bar:
         task = bar.add_task("warming up", total=len(records))
 
@@ -249,6 +259,8 @@ def _run(runners, records, encoder: ConversationEncoder, check, **schedule):
 
 def rich_table(report: dict) -> Table:
     """The report as a terminal table (the rows of report.rows, the environment as caption)."""
+    from ..bench.report import environment_line, rows, sampled
+
     header, body = rows(report)
     baseline = "sampling" if sampled(report) else "greedy"
     number = report["environment"].get("pass")
@@ -268,6 +280,8 @@ def rich_table(report: dict) -> Table:
 def _write(reports: list[dict], fmt: str, output: Path | None) -> None:
     """The report on stdout or in `output`; a write that still fails (a full disk) prints it on
     stdout instead, so the measurements are never lost, and ends in an error."""
+    from ..bench.report import render_passes
+
     if output is None:
         if fmt == "table":
             console = Console(highlight=False, width=None if sys.stdout.isatty() else PIPED_WIDTH)

@@ -16,16 +16,12 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from ..chat.session import ChatSession
 from ..chat.settings import LIVE_MODES, Settings
 from ..engine.options import DecodingOptions
 from ..errors import UserError
 from ..text.input_text import read_input
-from .chat_app import ChatApp
 from .console import note, stderr
 from .options import decoding_options
-from .prompt_session import make_prompt_session
-from .setup import open_engine
 
 
 def read_piped(stream, each_line: bool) -> list[str]:
@@ -77,6 +73,12 @@ def chat(
         messages = read_piped(sys.stdin, each_line)
         if not messages:
             raise UserError("no message on stdin; pipe one in, or run tr chat in a terminal")
+
+    # torch, transformers and prompt-toolkit load here, not for --help
+    from ..chat.session import ChatSession
+    from .chat_app import ChatApp
+    from .prompt_session import make_prompt_session
+    from .setup import open_engine
 
     engine = open_engine(options, banner=False)  # the chat prints it (with the template notice)
     loaded = engine.loaded

@@ -11,8 +11,6 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..store.matrix_file import matrix_file_paths
-
 Candidate = tuple[str, str]
 
 
@@ -108,6 +106,8 @@ def complete_model(incomplete: str, packaged: Iterable[str] = ("smollm2",)) -> l
 def stored_matrices(root: Path | None = None) -> list[str]:
     """Paths of the matrix files in the data dir (what `tr matrix inspect FILE` accepts), sorted."""
     try:
+        from ..store.matrix_file import matrix_file_paths  # torch: only when completing a matrix
+
         return [str(path) for path in matrix_file_paths(root)]
     except OSError:  # a data dir that cannot be listed: nothing to offer
         return []

@@ -4,28 +4,26 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 import typer
 from rich.text import Text
 
-from ..core import GenerationResult, GenerationStats, StopCondition, track
-from ..core.events import tokens_per_second
-from ..core.sampling_config import SamplingConfig
-from ..core.stopping import NoRoomForReply, reply_budget
+from ..core.stopping import NoRoomForReply, StopCondition, reply_budget
 from ..engine.options import DecodingOptions
 from ..errors import UserError
-from ..models import LoadedModel, load_prompt_side
 from ..store.paths import cache_dir
 from ..text.conversation import encode_prompt
 from ..text.input_text import checked_input, read_input
 from ..text.prompts import sample_prompts
 from ..text.streaming import IncrementalDecoder
 from .console import note, stderr, write_out
-from .live_view import step_split
 from .options import decoding_options
-from .setup import open_engine, progress, save_state
+
+if TYPE_CHECKING:  # torch and transformers load when the command runs, not for its --help
+    from ..core.events import GenerationStats
+    from ..core.sampling_config import SamplingConfig
+    from ..models import LoadedModel
 
 Prompt = Annotated[
     str | None, typer.Option("--prompt", "-p", help="Prompt text ('-' reads stdin). Default: a bundled sample prompt.")
@@ -58,6 +56,9 @@ def generate(
         prompt = checked_input(prompt, "--prompt")
     if not prompt.strip():
         raise UserError("--prompt is empty; give some text")
+
+    from ..core.events import GenerationResult, GenerationStats, track
+    from .setup import open_engine, save_state
 
     _refuse_past_context(prompt, options)
     engine = open_engine(options)
@@ -100,6 +101,9 @@ def _refuse_past_context(prompt: str, options: DecodingOptions) -> None:
     """Refuse a prompt that leaves no room for even one reply token with the tokenizer and config
     alone (a second), not after loading the weights and measuring t(N) (minutes on a fresh home).
     The drafts' positions are the decoder's, known once it is built: _fit_context counts them."""
+    from ..models.load import load_prompt_side
+    from .setup import progress
+
     with progress() as status:
         tokenizer, context = load_prompt_side(options.model, cache=cache_dir(), status=status)
     prompt_tokens = len(encode_prompt(tokenizer, prompt))
@@ -128,6 +132,8 @@ def _fit_context(wanted: int, prompt_tokens: int, context: int | None, max_depth
 
 def stats_summary(stats: GenerationStats) -> str:
     """The line after a generation: tokens, rate, MAT, and where each step's time went."""
+    from .live_view import step_split
+
     outside = stats.outside_forward
     return (
         f"{stats.new_tokens} tokens in {stats.wall_seconds:.2f}s · {stats.tokens_per_second:.1f} tok/s · "
@@ -146,6 +152,10 @@ def _compare(
     tr_tps: float,
     sampling: SamplingConfig,
 ) -> None:
+    import torch
+
+    from ..core.events import tokens_per_second
+
     ids = torch.tensor([input_ids], device=loaded.runtime.device)
     pad = loaded.eos_token_ids[0] if loaded.eos_token_ids else 0
     if not sampling.is_greedy:

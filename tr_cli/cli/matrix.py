@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import TYPE_CHECKING, Annotated, NamedTuple
 
 import typer
 from rich.console import Console
@@ -14,39 +14,20 @@ from rich.progress import TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from ..core.matrix import DEFAULT_K, new_matrix
-from ..core.matrix_init import fill_from_token_lists
+from ..core.matrix_width import DEFAULT_K
 from ..engine.options import DecodingOptions
 from ..errors import MatrixFileError, StoreFileError, UserError
-from ..models import load_tokenizer
-from ..store.hot_matrix import starter_matrix
-from ..store.matrix_file import (
-    SUFFIX,
-    MatrixFile,
-    MatrixOwner,
-    check_compatible,
-    list_matrices,
-    read_matrix,
-    tokenizer_fingerprint,
-)
-from ..store.matrix_pair import (
-    check_rebuild,
-    is_recycled_store_name,
-    matrix_path_of,
-    write_built_matrix,
-    write_corpus_recycled_store,
-)
 from ..store.paths import cache_dir
-from ..store.recycled_file import read_recycled_store, recycled_store_path
 from ..store.remedies import Remedy
 from ..store.timestamps import iso
-from ..store.transfer import check_export_target, export_pair, plan_import, read_import
 from ..text.corpus import CorpusError, CorpusText, read_corpus, token_lists
 from . import options as opt
 from .completion import complete_matrix
 from .console import progress_bar, stderr
-from .setup import open_engine
 from .store_errors import flag_words
+
+if TYPE_CHECKING:  # the matrix files are torch tensors: loaded when a subcommand runs, not for --help
+    from ..store.matrix_file import MatrixFile, MatrixOwner
 
 Sources = Annotated[
     list[Path], typer.Option("--from", help="Text files or prompt JSONL files (default: the bundled sample prompts).")
@@ -87,11 +68,16 @@ class ModelMatrix(NamedTuple):
 
 def _model_matrix(model: str | None, k: int) -> ModelMatrix:
     """A model's tokenizer and the matrix file it owns in the data dir."""
+    from ..models import load_tokenizer
+    from ..store.matrix_file import MatrixOwner
+
     tokenizer, vocab_size, source = load_tokenizer(model, cache=cache_dir())
     return ModelMatrix(tokenizer, MatrixOwner.of(tokenizer, vocab_size, k, source.model_id))
 
 
 def _read(path: Path, what: str) -> MatrixFile:
+    from ..store.matrix_file import read_matrix
+
     try:
         return read_matrix(path)
     except MatrixFileError as exc:
@@ -117,6 +103,12 @@ def init(
 ) -> None:
     """Build a matrix by running the model over text (prefill; each position's top-k into its token's row),
     and its recycled store from the same text (each text block or prompt one document)."""
+    from ..core.matrix import new_matrix
+    from ..core.matrix_init import fill_from_token_lists
+    from ..store.matrix_file import MatrixOwner
+    from ..store.matrix_pair import check_rebuild, write_built_matrix, write_corpus_recycled_store
+    from .setup import open_engine
+
     texts = _read_corpus(sources)  # validated before the model loads
     options = DecodingOptions.parse(model=model, device=device, dtype=dtype, k=k)
     loaded = open_engine(options, matrix=False, decoder=False, banner=False).loaded
@@ -149,6 +141,12 @@ def inspect(
     k: opt.K = DEFAULT_K,
 ) -> None:
     """Show a matrix: where, how big, whose, how full, and the candidates for given tokens."""
+    from ..models import load_tokenizer
+    from ..store.hot_matrix import starter_matrix
+    from ..store.matrix_file import SUFFIX, check_compatible, tokenizer_fingerprint
+    from ..store.matrix_pair import is_recycled_store_name, matrix_path_of
+    from ..store.recycled_file import recycled_store_path
+
     tokenizer = starter = None
     if target and is_recycled_store_name(target):
         raise UserError(f"{target}: a recycled store; pass the matrix beside it ({matrix_path_of(target)})")
@@ -214,6 +212,8 @@ def _report(path: Path, data: MatrixFile) -> dict:
 
 def _recycled_store_report(path: Path) -> dict | None:
     """The recycled store beside a matrix: None when there is none, its error when unreadable."""
+    from ..store.recycled_file import read_recycled_store
+
     if not path.exists():
         return None
     try:
@@ -302,6 +302,8 @@ def export(
 ) -> None:
     """Copy a model's stored matrix to a file (to move it to another machine), and its recycled
     store beside it (OUTPUT's stem + .store.safetensors) when there is one."""
+    from ..store.transfer import check_export_target, export_pair
+
     model, output = _model_and_file(model_or_output, "OUTPUT")
     output = Path(output)
     with flag_words():
@@ -339,6 +341,8 @@ def import_(
 ) -> None:
     """Bring a matrix file into the data dir, merged with (default) or replacing the stored one; its
     recycled store (INPUT's stem + .store.safetensors) comes with it when there is one."""
+    from ..store.transfer import plan_import, read_import
+
     if replace and merge:
         raise UserError("--merge and --replace exclude each other; pick one")
     model, source = _model_and_file(model_or_input, "INPUT")
@@ -370,6 +374,8 @@ def _model_and_file(values: list[str], name: str) -> tuple[str | None, str]:
 @app.command(name="list")
 def list_() -> None:
     """Every stored matrix: model, shape, fill, updates, last update."""
+    from ..store.matrix_file import list_matrices
+
     entries = list_matrices()
     if not entries:
         stderr.print("no stored matrices yet; they appear after tr generate / chat / bench or tr matrix init")
@@ -397,6 +403,8 @@ def list_() -> None:
 
 def _recycled_store_size(matrix_path: Path) -> str:
     """The size of the recycled store beside a matrix (not read: listing stays quick)."""
+    from ..store.recycled_file import recycled_store_path
+
     path = recycled_store_path(matrix_path)
     return _size(path.stat().st_size) if path.exists() else "–"
 

@@ -17,10 +17,10 @@ from typing import Annotated, TypeVar
 import typer
 
 from ..core.drafters.plan import SOURCES
-from ..core.matrix import DEFAULT_K
+from ..core.matrix_width import DEFAULT_K
 from ..engine.options import DEFAULT_MAX_NEW_TOKENS, DecodingOptions
 from ..models import DEFAULT_MODEL
-from ..models.runtime import AUTO, WEIGHTS_NAMES
+from ..models.weights_mode import AUTO, WEIGHTS_NAMES
 from .completion import complete_model
 
 

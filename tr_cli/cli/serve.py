@@ -17,22 +17,21 @@ import sys
 import threading
 import time
 from contextlib import AbstractContextManager
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-import uvicorn
 
 from ..engine.options import DecodingOptions
 from ..errors import UserError
-from ..models import DEFAULT_MODEL
-from ..serve.app import create_app
-from ..serve.connections import with_head_deadline
-from ..serve.requests import ServedModel
-from ..serve.worker import DecodeWorker
+from ..models.resolve import DEFAULT_MODEL
 from .console import note, warn
 from .interrupts import TERMINATING_SIGNALS, handling
 from .options import decoding_options
-from .setup import open_engine, save_state
+
+if TYPE_CHECKING:  # uvicorn, FastAPI and torch load when the server starts, not for --help
+    import uvicorn
+
+    from ..serve.worker import DecodeWorker
 
 Host = Annotated[str, typer.Option("--host", help="Address to listen on (loopback by default: this machine only).")]
 Port = Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on (0: any free port).")]
@@ -118,6 +117,14 @@ def serve(
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty; give a key or leave the option out")
     sock = _bind(host, port)
+    import uvicorn
+
+    from ..serve.app import create_app
+    from ..serve.connections import with_head_deadline
+    from ..serve.requests import ServedModel
+    from ..serve.worker import DecodeWorker
+    from .setup import open_engine, save_state
+
     try:
         engine = open_engine(options)
         loaded = engine.loaded

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_K = 8
+from .matrix_width import DEFAULT_K
 
 
 def output_vocab_size(model: torch.nn.Module) -> int:

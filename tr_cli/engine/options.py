@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..core.drafters.plan import MAX_DEPTH, DraftPlan
 from ..core.errors import InvalidTree, SettingError
-from ..core.matrix import DEFAULT_K
+from ..core.matrix_width import DEFAULT_K
 from ..core.sampling_config import SamplingRequest
 from ..models.resolve import resolve_model
-from ..models.runtime import AUTO, Runtime
+from ..models.weights_mode import AUTO
+
+if TYPE_CHECKING:  # resolving a runtime imports torch: only when options are parsed
+    from ..models.runtime import Runtime
 
 DEFAULT_MAX_NEW_TOKENS = 512  # a reply's length unless asked otherwise (a server request's max_tokens wins)
 # Sane bounds, checked before anything is allocated: the matrix is |V| x k ids (k = 100,000 asked
@@ -28,6 +32,8 @@ MAX_K = 64
 
 
 def _default_runtime() -> Runtime:
+    from ..models.runtime import Runtime
+
     return Runtime.resolve()
 
 
@@ -86,6 +92,8 @@ class DecodingOptions:
             )
         # `auto` weights follow the model file: its header is read now (cheap), before any load.
         stored_as = resolve_model(model).stored_as if weights == AUTO else None
+        from ..models.runtime import Runtime
+
         runtime = Runtime.resolve(device, dtype, weights, stored_as)
         return cls(model, runtime, drafts, k, matrix, cold, save, sampling, max_new_tokens)  # the fields' order
 

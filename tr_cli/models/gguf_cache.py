@@ -72,8 +72,7 @@ def gguf_checkpoint(path: Path, root: Path, status: Status) -> Path:
     """A transformers checkpoint converted from the GGUF, cached under `root` by the file's hash."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    status(f"Hashing {path.name}")
-    digest = file_sha256(path, root / "hashes.json")
+    digest = file_sha256(path, root / "hashes.json", hashing=lambda: status(f"Hashing {path.name}"))
     target = root / digest[:32]
     if (target / "config.json").is_file():
         return target

@@ -12,6 +12,7 @@ import math
 import mmap
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -202,8 +203,9 @@ def read_header(path: Path) -> GGUFHeader:
             return _parse(buf, size)
 
 
-def file_sha256(path: Path, memo_file: Path | None = None) -> str:
-    """SHA-256 of the file, remembered per (path, size, mtime) so a big file is hashed once."""
+def file_sha256(path: Path, memo_file: Path | None = None, hashing: Callable[[], None] | None = None) -> str:
+    """SHA-256 of the file, remembered per (path, size, mtime) so a big file is hashed once;
+    `hashing` is told when it really reads the file (a status line worth showing)."""
     stat = path.stat()
     memo_key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
     memo: dict[str, str] = {}
@@ -214,6 +216,8 @@ def file_sha256(path: Path, memo_file: Path | None = None) -> str:
             memo = {}
     if memo_key in memo:
         return memo[memo_key]
+    if hashing is not None:
+        hashing()
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):

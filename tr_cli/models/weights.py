@@ -37,7 +37,8 @@ from ..core.forward import FUSED_GATE_UP, FUSED_QKV
 from ..core.step_scope import in_decoding_step
 from ..errors import SettingError
 from .device import dtype_name
-from .runtime import DENSE, QUANTIZED_DTYPE, WeightsMode
+from .runtime import QUANTIZED_DTYPE
+from .weights_mode import DENSE, WeightsMode
 
 INT4_GROUP = 32
 _INT4_ROWS = 16  # the CPU int4 packing takes output sizes divisible by 16

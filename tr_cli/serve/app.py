@@ -12,6 +12,7 @@ import hmac
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -248,15 +249,19 @@ def create_app(
         model.check_name(name)
         return _model_card()
 
+    # Parsing, templating and tokenizing take seconds for megabytes of text: on a thread of their
+    # own, so that one such request does not stall every other client (and /health). One thread:
+    # a fast tokenizer is not safe to use from two threads at once.
+    preparing = ThreadPoolExecutor(1, thread_name_prefix="tr-prepare")
+
     def _prepare(raw: bytes, chat: bool, loop: asyncio.AbstractEventLoop) -> tuple:
         parsed = _parse(raw, ChatCompletionRequest if chat else CompletionRequest)
         return parsed, model.job(parsed, loop)
 
     async def _generate(request: Request, chat: bool) -> Response:
-        # Parsing, templating and tokenizing take seconds for megabytes of text: off the event
-        # loop, so that one such request does not stall every other client (and /health).
         raw = await request.body()
-        parsed, job = await asyncio.to_thread(_prepare, raw, chat, asyncio.get_running_loop())
+        loop = asyncio.get_running_loop()
+        parsed, job = await loop.run_in_executor(preparing, _prepare, raw, chat, loop)
         try:
             worker.submit(job)
         except QueueFull as full:

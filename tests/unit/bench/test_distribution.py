@@ -14,8 +14,8 @@ import torch
 
 from tr_cli.bench.distribution import DistributionCheck, _score, check_tokens, position_logits
 from tr_cli.core.sampling_config import SamplingConfig
-from tr_cli.models.runtime import WeightsMode
 from tr_cli.models.weights import quantize
+from tr_cli.models.weights_mode import WeightsMode
 
 from tiny_models import random_prompt, tiny_model
 

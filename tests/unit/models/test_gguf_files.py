@@ -275,6 +275,17 @@ def test_a_disk_that_fills_up_while_caching_leaves_nothing_behind(tmp_path, monk
     assert (target / "config.json").is_file() and (target / "model.safetensors").is_file()
 
 
+def test_hashing_is_announced_only_when_the_file_is_really_read(tmp_path):
+    path = write_gguf(tmp_path / "tiny.gguf")
+    root = tmp_path / "cache"
+    first: list[str] = []
+    gguf_checkpoint(path, root, first.append)
+    assert "Hashing tiny.gguf" in first and any(line.startswith("Converting") for line in first)
+    again: list[str] = []
+    assert gguf_checkpoint(path, root, again.append) == gguf_checkpoint(path, root, quiet)
+    assert again == []  # the hash is remembered by path, size and time: nothing to announce
+
+
 # --- the weights a file asks for (`--weights auto`) ------------------------------------------
 
 

@@ -14,7 +14,6 @@ from .continuation_drafter import ContinuationDrafter
 from .continuation_tree import Continuation
 from .prompt_lookup import DEFAULT_NGRAM, PromptLookup
 
-DEFAULT_LOOKUP_LENGTH = 10  # deepest node of a lookup draft
 LOOKUP_BRANCHES = 4  # earlier occurrences folded into one draft
 LOOKUP_PRIOR = 0.45
 

@@ -17,18 +17,21 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidTree
-from ..recycled_store import RecycledStore
 from ..tree import TreeSpec, resolve_tree
-from .base import Drafter
-from .conversation_lookup import DEFAULT_LOOKUP_LENGTH, LOOKUP_BRANCHES, ConversationLookupDrafter
-from .store_lookup import STORE_DEPTH, StoreLookupDrafter
+
+if TYPE_CHECKING:  # the drafters need torch: built on demand, so that a plan parses without it
+    import torch
+
+    from ..recycled_store import RecycledStore
+    from .base import Drafter
 
 DESIGNED = "auto"  # the tree's name for "designed for this device"
 MAX_DEPTH = 64  # a source's draft of N tokens is verified in one forward
+DEFAULT_LOOKUP_LENGTH = 10  # deepest node of a lookup draft
+STORE_DEPTH = 24  # a resent context can match for long: deep drafts pay only when sure (the planner)
 
 
 @dataclass(frozen=True)
@@ -49,11 +52,15 @@ class Source:
 
 
 def _lookup(depth: int, context: SourceContext) -> Drafter:
+    from .conversation_lookup import LOOKUP_BRANCHES, ConversationLookupDrafter
+
     # Unplanned, a lookup drafts one chain (its nodes are verified whether they pay or not).
     return ConversationLookupDrafter(depth, context.device, LOOKUP_BRANCHES if context.planned else 1)
 
 
 def _store(depth: int, context: SourceContext) -> Drafter | None:
+    from .store_lookup import StoreLookupDrafter
+
     return None if context.store is None else StoreLookupDrafter(context.store, context.device, depth)
 
 

@@ -11,8 +11,8 @@ from ..design.source_stats import SourceStats
 from ..recycled_store import ORDERS, RecycledStore
 from .continuation_drafter import ContinuationDrafter
 from .continuation_tree import Continuation
+from .plan import STORE_DEPTH
 
-STORE_DEPTH = 24  # a resent context can match for long: deep drafts pay only when sure (the planner)
 STORE_BRANCHES = 4
 STORE_NODES = 32
 STORE_PRIOR = 0.25  # other conversations' text: less sure than this conversation's own

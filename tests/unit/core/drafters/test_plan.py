@@ -7,9 +7,8 @@ import pytest
 
 from tr_cli.core import PRESETS, InvalidTree, TokenRecyclingDecoder
 from tr_cli.core.drafters import ConversationLookupDrafter, DraftPlan, StoreLookupDrafter
-from tr_cli.core.drafters.conversation_lookup import DEFAULT_LOOKUP_LENGTH, LOOKUP_BRANCHES
-from tr_cli.core.drafters.plan import MAX_DEPTH
-from tr_cli.core.drafters.store_lookup import STORE_DEPTH
+from tr_cli.core.drafters.conversation_lookup import LOOKUP_BRANCHES
+from tr_cli.core.drafters.plan import DEFAULT_LOOKUP_LENGTH, MAX_DEPTH, STORE_DEPTH
 from tr_cli.core.recycled_store import RecycledStore
 
 from tiny_models import tiny_model
