@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "spec_bench.jsonl"
+DATA = Path(__file__).resolve().parent / "prompts" / "spec_bench.jsonl"
 
 
 def pick_prompts(path: Path, limit: int) -> list[dict]:

@@ -71,7 +71,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-DEFAULT_PROMPTS = REPO.parent / "shared" / "data" / "spec_bench.jsonl"
+DEFAULT_PROMPTS = REPO / "benchmarks" / "prompts" / "spec_bench.jsonl"
 LISTENING = re.compile(r"tr serve: listening on (http://([^\s/:]+):(\d+)/v1)\b")
 WARMUP_PROMPT = "Name three colours of the rainbow."
 TR_FIELDS = (

@@ -28,11 +28,18 @@ def run(*args: str, env: dict | None = None, stdin: str | None = None) -> subpro
     "command", [[str(BIN / "tr")], [str(BIN / "token-recycling")], [sys.executable, "-m", "tr_cli"]]
 )
 def test_version(command):
+    import torch
+    import transformers
+
     from tr_cli import __version__
+    from tr_cli.models.cpu import cpu_isa
 
     out = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0
-    assert out.stdout.strip() == f"tr {__version__}"
+    first, stack, cpu = out.stdout.splitlines()
+    assert first == f"tr {__version__}"
+    assert stack.startswith(f"torch {torch.__version__} · transformers {transformers.__version__} · Python 3.")
+    assert cpu.startswith("CPU: ") and cpu.endswith(f"({cpu_isa()})")
 
 
 def gguf_header(path: Path, architecture: str) -> Path:
@@ -142,10 +149,19 @@ def test_generate_from_checkpoint_directory(tiny_llama_dir):
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_generate_with_quantized_weights(tiny_llama_dir, home, weights):
-    """--weights: the banner says what runs; --compare runs generate on the same quantized model."""
-    out = run("generate", str(tiny_llama_dir), "--weights", weights, "-n", "12", "--compare", "-p", "Hello")
+    """--weights: the banner says what runs; --compare runs generate on the same quantized model.
+    TR_DEBUG=1 says where the start's time went, step by step."""
+    args = ("generate", str(tiny_llama_dir), "--weights", weights, "-n", "12", "--compare", "-p", "Hello")
+    out = run(*args, env={"TR_DEBUG": "1"})
     assert out.returncode == 0, out.stderr
     assert f"{weights} weights, bfloat16" in out.stderr
+    seconds = r"\d+\.\d\d s"
+    assert re.search(
+        rf"start: start and imports {seconds} · loading the model {seconds} · Loading .*{seconds} · "
+        rf"Quantizing .*'s weights to {weights} {seconds} · opening the matrix and the recycled store {seconds} · "
+        rf"building the decoder \(t\(N\) read or measured\) {seconds}",
+        out.stderr,
+    ), out.stderr
     assert re.search(r"transformers greedy: 12 tokens.*(output identical|output differs from token)", out.stderr)
 
 

@@ -25,6 +25,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ from .run import Run
 LLAMA_CPP = "llama.cpp"
 LLAMA_CPP_NGRAM = "llama.cpp+ngram"
 LLAMA_CPP_METHODS = (LLAMA_CPP, LLAMA_CPP_NGRAM)
-EXTRA = "pip install 'tr-cli[llamacpp]', built for this CPU as the README's 'llama.cpp, the reference' says"
+EXTRA = "pip install 'tr-cli[llamacpp]', built for this CPU as docs/benchmarks.md's 'llama.cpp, the reference' says"
 SERVER_VARIABLE = "TR_LLAMA_SERVER"
 _SERVER_START_SECONDS = 120
 
@@ -97,7 +98,8 @@ class LlamaCpp:
                 if token in self.eos or len(tokens) >= max_new_tokens:
                     break
         seconds = time.perf_counter() - start
-        return Run(tokens, seconds, max(len(tokens) - 1, 0))
+        steps = max(len(tokens) - 1, 0)
+        return Run(tokens, seconds, steps, tokens_per_step=Counter({1: steps}))  # one token per eval
 
 
 class LlamaServer:

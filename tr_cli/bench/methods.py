@@ -7,6 +7,7 @@ so MAT is measured the same way for all: new tokens per decoding forward after t
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -93,7 +94,9 @@ class HFGenerate:
         finally:
             counter.close()
         tokens = out[0, len(ids) :].tolist()
-        return Run(tokens, seconds, max(counter.calls - 1, 0))
+        steps = max(counter.calls - 1, 0)
+        # Plain generate emits one token per forward; prompt lookup does not say how many.
+        return Run(tokens, seconds, steps, tokens_per_step=None if self.prompt_lookup else Counter({1: steps}))
 
 
 class TokenRecycling:
@@ -106,9 +109,10 @@ class TokenRecycling:
 
     def run(self, ids: list[int], max_new_tokens: int) -> Run:
         self.decoder.reset()
-        result = self.decoder.generate(ids, StopCondition.build(max_new_tokens, self.eos))
+        result = self.decoder.generate(ids, StopCondition.build(max_new_tokens, self.eos), keep_events=True)
         stats = result.stats
-        return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings)
+        per_step = Counter(len(event.new_tokens) for event in result.events if event.step > 0)
+        return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings, per_step)
 
 
 @dataclass(frozen=True)

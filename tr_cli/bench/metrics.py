@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from ..core.events import StepTimings, mean_accepted_tokens, tokens_per_second
 from .distribution import DistributionCheck
 from .methods import counterpart
@@ -34,6 +36,14 @@ def _check(items: list[Measured]) -> dict | None:
     for check in checks:
         total.add(check)
     return total.to_json()
+
+
+def _tokens_per_step(items: list[Measured]) -> dict[str, int] | None:
+    """Steps by how many tokens each emitted ({"1": steps, "2": ...}), where the method says."""
+    if not items or any(m.tokens_per_step is None for m in items):
+        return None
+    total = sum((m.tokens_per_step for m in items), Counter())
+    return {str(n): total[n] for n in sorted(total)}
 
 
 def summarize(results: list[PromptResult], environment: dict, sampled: bool = False) -> dict:
@@ -74,6 +84,7 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
             # Against `ar` (tr's own forward, one token per step): the gain of speculation alone.
             "speedup_vs_ar": b["speedup_vs_ar"],
             "step_split": _step_split(b["items"]),
+            "tokens_per_step": _tokens_per_step(b["items"]),
         }
     categories: dict[str, dict] = {}
     for category in dict.fromkeys(r.record.category for r in results):

@@ -8,13 +8,12 @@ import json
 import platform
 from datetime import datetime, timezone
 
-import torch
-
 FORMATS = ("table", "md", "csv", "json")
 
 
 def environment(**fields) -> dict:
     """The run's circumstances, recorded with its numbers."""
+    import torch  # here, not above: reading, printing and plotting a report needs no torch
     import transformers
 
     from .. import __version__

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from ..core.events import StepTimings, mean_accepted_tokens
@@ -13,6 +14,9 @@ class Run:
     seconds: float
     steps: int  # decoding forward passes after the prefill
     timings: StepTimings | None = None  # our decoder's step time split (summed over steps)
+    # How many steps emitted 1, 2, 3... tokens (None where a method does not say: HF prompt lookup,
+    # llama.cpp's speculation).
+    tokens_per_step: Counter[int] | None = None
 
     @property
     def step_tokens(self) -> int:

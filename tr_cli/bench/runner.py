@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,6 +26,7 @@ class Measured:
     step_tokens: int = 0  # tokens produced by decoding steps (each turn's first comes from its prefill)
     check: DistributionCheck | None = None  # sampled runs only
     timings: StepTimings | None = None  # our decoders' step time split, summed over turns
+    tokens_per_step: Counter[int] | None = None  # steps by tokens emitted, summed over turns
 
     @property
     def new_tokens(self) -> int:
@@ -41,6 +43,8 @@ class Measured:
         self.step_tokens += run.step_tokens
         if run.timings is not None:
             self.timings = run.timings if self.timings is None else self.timings + run.timings
+        if run.tokens_per_step is not None:
+            self.tokens_per_step = (self.tokens_per_step or Counter()) + run.tokens_per_step
 
 
 @dataclass

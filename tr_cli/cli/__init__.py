@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import platform
 from typing import Annotated
 
 import typer
@@ -26,8 +27,25 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"tr {__version__}")
+        typer.echo(version_text())
         raise typer.Exit()
+
+
+def version_text() -> str:
+    """tr's version, then what its numbers depend on: torch, transformers, Python and the CPU
+    (read from the installed packages' metadata and /proc: nothing heavy is imported)."""
+    from importlib import metadata
+
+    from ..models.cpu import cpu_isa, cpu_name
+
+    def installed(name: str) -> str:
+        try:
+            return f"{name} {metadata.version(name)}"
+        except metadata.PackageNotFoundError:
+            return f"{name} (not installed)"
+
+    stack = " · ".join([installed("torch"), installed("transformers"), f"Python {platform.python_version()}"])
+    return f"tr {__version__}\n{stack}\nCPU: {cpu_name()} ({cpu_isa()})"
 
 
 @app.callback()

@@ -15,6 +15,8 @@ from rich.progress import TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from ..bench.plot import check_plot_target, read_reports
+from ..bench.report import FORMATS
 from ..engine.options import DecodingOptions
 from ..errors import UserError, first_line
 from ..text.conversation import ConversationEncoder
@@ -67,6 +69,22 @@ Passes = Annotated[
 ]
 Format = Annotated[str, typer.Option("--format", help="table, md, csv or json.")]
 Output = Annotated[Path | None, typer.Option("--output", "-o", help="Write the report here instead of stdout.")]
+Plot = Annotated[
+    Path | None,
+    typer.Option(
+        "--plot",
+        help="Also draw the report (.png, .svg or .pdf): tokens/s per method and category with speedups, "
+        "tokens per step, tokens/s per prompt. Needs the extra tr-cli[plot] (matplotlib). With several "
+        "passes, one file per pass (NAME-passN).",
+    ),
+]
+FromReport = Annotated[
+    Path | None,
+    typer.Option(
+        "--from-report",
+        help="Run nothing: read a report written with --format json and print, write or --plot it again.",
+    ),
+]
 
 
 def _split(value: str) -> list[str]:
@@ -97,26 +115,34 @@ def bench(
     passes: Passes = 1,
     fmt: Format = "table",
     output: Output = None,
+    plot: Plot = None,
+    from_report: FromReport = None,
     *,
     options: DecodingOptions,
 ) -> None:
     """Benchmark Token Recycling against transformers generate (greedy, or sampling with --temperature)
     and prompt lookup decoding."""
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt}: choose table, md, csv or json")
+    _check_output(output)
+    if plot is not None:
+        check_plot_target(plot)
+    if from_report is not None:  # nothing runs, nothing loads
+        reports = read_reports(from_report)
+        _write(reports, fmt, output)
+        _plot(reports, plot)
+        return
     import torch
 
     from ..bench.distribution import check_tokens
     from ..bench.llama_cpp import llama_cpp_version
     from ..bench.methods import make_runners, model_of, parse_methods
     from ..bench.metrics import summarize
-    from ..bench.report import FORMATS
     from .setup import open_engine, save_state
 
     chosen = parse_methods(_split(methods), options.drafts, options.k)
-    if fmt not in FORMATS:
-        raise UserError(f"--format {fmt}: choose table, md, csv or json")
     if turns not in ("1", "all"):
         raise UserError(f"--turns {turns}: use 1 or all")
-    _check_output(output)
     records = _select(prompts_file, categories, per_category, limit)
     # Every method samples from one seeded stream (greedy decoding does not depend on it).
     seed = options.sampling.seed if options.sampling.seed is not None else 0
@@ -165,6 +191,20 @@ def bench(
     finally:
         save_state(engine)
     _write(reports, fmt, output)
+    _plot(reports, plot)
+
+
+def _plot(reports: list[dict], plot: Path | None) -> None:
+    """Each pass's figure: `plot` itself for one pass, NAME-passN.SUFFIX for several."""
+    if plot is None:
+        return
+    from ..bench.plot import plot_report
+
+    for number, report in enumerate(reports, start=1):
+        several = len(reports) > 1
+        path = plot.with_name(f"{plot.stem}-pass{number}{plot.suffix}") if several else plot
+        plot_report(report, path, f"pass {number} of {len(reports)}" if several else "")
+        note(f"plot written to {path}")
 
 
 def _check_output(output: Path | None) -> None:
@@ -214,7 +254,8 @@ def _fit_context(
 def _environment(engine: Engine, drafts: dict[str, str], seed: int, **run) -> dict:
     """The circumstances recorded with the numbers: versions, machine, model, drafts, matrix state."""
     from ..bench.report import environment
-    from ..models.device import cpu_isa, device_name
+    from ..models.cpu import cpu_isa
+    from ..models.device import device_name
 
     loaded, hot, sampling = engine.loaded, engine.hot, engine.sampling
     return environment(
@@ -272,9 +313,17 @@ def rich_table(report: dict) -> Table:
     )
     for i, column in enumerate(header):
         table.add_column(column, justify="left" if i == 0 else "right")
-    for row in body:
-        table.add_row(*(Text(cell) for cell in row))
+    table.add_column("", justify="left", no_wrap=True)  # tok/s again, as bars to compare at a glance
+    rates = [m["tokens_per_second"] for m in report["methods"].values()]
+    for row, rate in zip(body, rates, strict=True):
+        table.add_row(*(Text(cell) for cell in row), Text(_bar(rate, max(rates))))
     return table
+
+
+def _bar(value: float, most: float, width: int = 16) -> str:
+    """A bar of eighth-blocks, `width` cells at `most`."""
+    eighths = round(8 * width * value / most) if most > 0 else 0
+    return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
 
 
 def _write(reports: list[dict], fmt: str, output: Path | None) -> None:

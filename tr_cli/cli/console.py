@@ -73,3 +73,8 @@ def progress_bar(clock: ProgressColumn) -> Progress:
     return Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), clock, console=stderr, transient=True
     )
+
+
+def debugging() -> bool:
+    """TR_DEBUG=1: tracebacks for unexpected errors, and where a start's time went."""
+    return bool(os.environ.get("TR_DEBUG"))

@@ -9,7 +9,6 @@ Commands raise errors and never print them themselves.
 
 from __future__ import annotations
 
-import os
 import signal
 
 import typer
@@ -17,7 +16,7 @@ from typer.core import TyperGroup
 
 from ..errors import SettingError, TrError, first_line
 from ..store.remedies import FixableError
-from .console import OutputError, error, stderr
+from .console import OutputError, debugging, error, stderr
 from .interrupts import Terminated, terminating_signals
 from .store_errors import in_flag_words
 
@@ -69,7 +68,7 @@ class ErrorBoundary(TyperGroup):
             stderr.print(f"terminated ({exc})")
             raise typer.Exit(128 + exc.signum) from None
         except Exception as exc:  # noqa: BLE001 - a bug or an unforeseen fault: one line, unless debugging
-            if _command_line_flow(exc) or os.environ.get("TR_DEBUG"):
+            if _command_line_flow(exc) or debugging():
                 raise
             error(f"unexpected {type(exc).__name__}: {first_line(exc)} (TR_DEBUG=1 shows the traceback)")
             raise typer.Exit(EXIT_ERROR) from None

@@ -4,8 +4,11 @@ banner and warnings, and save its hot state with a warning (never an error) when
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
@@ -15,7 +18,7 @@ from ..engine.options import DecodingOptions
 from ..errors import StoreError
 from ..store.hot_matrix import HotMatrix, Saved
 from ..store.recycled_file import recycled_store_path
-from .console import note, stderr, warn
+from .console import debugging, note, stderr, warn
 from .interrupts import held_back
 
 
@@ -34,11 +37,56 @@ def progress() -> Iterator:
         yield lambda message: spinner.update(f"{escape(message)}…")
 
 
+class StartClock:
+    """TR_DEBUG=1: how long each set-up step took (the engine's phases, and within them the
+    status messages: hashing, converting, quantizing, measuring), after the time the process
+    spent starting (Python and the imports)."""
+
+    def __init__(self, status: Callable[[str], None]) -> None:
+        self.status = status
+        self.steps: list[tuple[str, float]] = [("start and imports", process_age())]
+        self.current: str | None = None
+        self.since = time.perf_counter()
+
+    def __call__(self, message: str) -> None:
+        self.mark(message)
+        self.status(message)
+
+    def mark(self, name: str) -> None:
+        self._close()
+        self.current = name
+
+    def _close(self) -> None:
+        now = time.perf_counter()
+        if self.current is not None:
+            self.steps.append((self.current, now - self.since))
+        self.current, self.since = None, now
+
+    def summary(self) -> str:
+        self._close()
+        parts = [f"{name} {seconds:.2f} s" for name, seconds in self.steps if seconds == seconds]  # NaN: unknown
+        return "start: " + " · ".join(parts)
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux /proc; NaN elsewhere)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: start time in ticks
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def open_engine(options: DecodingOptions, matrix: bool = True, decoder: bool = True, banner: bool = True) -> Engine:
     """Load the model, open its matrix and build its decoder, saying what happens; then the
-    banner (what runs) and any warnings."""
-    with progress() as status:
-        engine = Engine.open(options, status=status, matrix=matrix, decoder=decoder)
+    banner (what runs) and any warnings. With TR_DEBUG=1, where the start's time went."""
+    with progress() as shown:
+        clock = StartClock(shown) if debugging() else None
+        status, phase = (clock, clock.mark) if clock else (shown, lambda name: None)
+        engine = Engine.open(options, status=status, matrix=matrix, decoder=decoder, phase=phase)
+    if clock is not None:
+        note(clock.summary())
     engine.status = status_line  # later calibrations (bench variants)
     engine.warn = warn
     if engine.hot is not None:

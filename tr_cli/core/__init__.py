@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy_names import lazy_names
+from .lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from .decode import TokenRecyclingDecoder

@@ -49,14 +49,22 @@ class Engine:
 
     @classmethod
     def open(
-        cls, options: DecodingOptions, status: Status = quiet, matrix: bool = True, decoder: bool = True
+        cls,
+        options: DecodingOptions,
+        status: Status = quiet,
+        matrix: bool = True,
+        decoder: bool = True,
+        phase: Status = quiet,
     ) -> Engine:
         """Load the model, open its matrix (`matrix`) and build the decoder (`decoder`, which
-        needs the matrix; a designed tree calibrates t(N) once per model and device)."""
+        needs the matrix; a designed tree calibrates t(N) once per model and device). `phase`
+        hears each step's name as it begins, shown or not (a start's timing)."""
+        phase("loading the model")
         loaded = load_model(options.model, options.runtime, status=status, cache=cache_dir())
         sampling, warnings = resolve_sampling(options.sampling, loaded)
         engine = cls(loaded, sampling, warnings=warnings, status=status)
         if matrix or decoder:
+            phase("opening the matrix and the recycled store")
             engine.hot = HotMatrix.open(
                 loaded.tokenizer,
                 loaded.vocab_size,
@@ -69,6 +77,7 @@ class Engine:
             )
             engine.warnings += engine.hot.warnings
         if decoder:
+            phase("building the decoder (t(N) read or measured)")
             engine.decoder = engine.make_decoder(options.drafts)
         return engine
 

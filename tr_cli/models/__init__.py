@@ -8,17 +8,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy_names import lazy_names
+from ..core.lazy_names import lazy_names
 
 if TYPE_CHECKING:
-    from .device import cpu_isa, device_name, dtype_name, pick_device, pick_dtype
+    from .cpu import cpu_isa
+    from .device import device_name, dtype_name, pick_device, pick_dtype
     from .load import LoadedModel, context_limit, load_model, load_prompt_side, load_tokenizer
     from .resolve import DEFAULT_MODEL, ModelSource, resolve_model
     from .runtime import Runtime
     from .weights_mode import DENSE, WeightsMode
 
 _HOMES = {
-    "cpu_isa": ".device",
+    "cpu_isa": ".cpu",
     "device_name": ".device",
     "dtype_name": ".device",
     "pick_device": ".device",

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import platform
-from pathlib import Path
-
 import torch
 
 from ..errors import SettingError
+from .cpu import cpu_has_native_bf16, cpu_name
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -24,31 +22,6 @@ def pick_device(name: str = "auto") -> torch.device:
     if name not in ("cpu", "cuda", "mps"):
         raise SettingError("device", name, "unknown device; use auto, cpu, cuda or mps")
     return torch.device(name)
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
-def cpu_has_native_bf16() -> bool:
-    """AMX or AVX-512 BF16: a bf16 forward is then cheaper than float32 on the CPU."""
-    flags = _cpu_flags()
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def cpu_isa() -> str:
-    """The CPU's widest instruction set that decides our costs, in the words our results tables
-    use: 'AMX', 'AVX512-BF16', 'AVX512', 'AVX2' (or what torch reports where /proc is absent)."""
-    flags = _cpu_flags()
-    for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"), ("avx512f", "AVX512"), ("avx2", "AVX2")):
-        if flag in flags:
-            return name
-    return torch.backends.cpu.get_cpu_capability()
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -76,11 +49,5 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-        return platform.processor() or platform.machine()
+        return cpu_name()
     return device.type

@@ -55,6 +55,7 @@ def test_metrics_identical_check_and_schema():
         "distribution_check",
         "speedup_vs_ar",
         "step_split",
+        "tokens_per_step",
     }
     assert set(report["methods"]["baseline"]) == keys == set(report["methods"]["tr"])
     base, tr = report["methods"]["baseline"], report["methods"]["tr"]
