@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint format install completions clean
+.PHONY: demo test test-oldest test-fast lint format install completions clean
 
 install: $(STAMP)
 
@@ -23,9 +23,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/tr bench --limit 6 --max-new-tokens 128
 
-# Everything CI runs: the linter and formatter check, then the whole suite.
+# Everything CI runs: the linter and formatter check, the whole suite (on the newest transformers
+# pip picks), then the lossless suite again on the oldest transformers pyproject.toml allows.
 test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	$(MAKE) test-oldest
+
+# The lossless suite (tr's output equals generate's) on the oldest supported transformers, in a
+# virtual environment of its own.
+OLDEST_VENV ?= .venv-oldest
+OLDEST_TRANSFORMERS ?= transformers==5.13.1
+test-oldest: $(STAMP)
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[test]" "$(OLDEST_TRANSFORMERS)"
+	HF_HUB_OFFLINE=1 $(OLDEST_VENV)/bin/python -m pytest -q tests/integration/test_lossless.py
 
 # The edit-test loop: the suite without the tests marked slow (packaged model, subprocesses,
 # statistical sampling checks).
@@ -45,4 +58,4 @@ completions: $(STAMP)
 	$(BIN)/python scripts/generate_completions.py
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(OLDEST_VENV)
