@@ -157,7 +157,8 @@ def test_generate_with_quantized_weights(tiny_llama_dir, home, weights):
     assert f"{weights} weights, bfloat16" in out.stderr
     seconds = r"\d+\.\d\d s"
     assert re.search(
-        rf"start: start and imports {seconds} · loading the model {seconds} · Loading .*{seconds} · "
+        rf"start: before loading \(Python, imports, checks\) {seconds} · loading the model {seconds} · "
+        rf"Loading .*{seconds} · "
         rf"Quantizing .*'s weights to {weights} {seconds} · opening the matrix and the recycled store {seconds} · "
         rf"building the decoder \(t\(N\) read or measured\) {seconds}",
         out.stderr,

@@ -44,7 +44,7 @@ class StartClock:
 
     def __init__(self, status: Callable[[str], None]) -> None:
         self.status = status
-        self.steps: list[tuple[str, float]] = [("start and imports", process_age())]
+        self.steps: list[tuple[str, float]] = [("before loading (Python, imports, checks)", process_age())]
         self.current: str | None = None
         self.since = time.perf_counter()
 
