@@ -22,6 +22,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -112,7 +113,10 @@ class LlamaServer:
             self.port = probe.getsockname()[1]
         command = [server_binary(), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port)]
         command += ["-t", threads, "-tb", threads, "-c", str(context), "-np", "1", "--spec-default"]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # Its log goes to a file, not a pipe: it logs every request, and a full pipe nobody reads
+        # would stop the server in the middle of a long bench.
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=self._log, text=True)
         atexit.register(self.close)
         self.eos = set(eos_token_ids)
         self._wait_until_ready()
@@ -124,7 +128,8 @@ class LlamaServer:
         deadline = time.monotonic() + _SERVER_START_SECONDS
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                last = (self.process.stderr.read() or "").strip().splitlines()[-1:] or ["no output"]
+                self._log.seek(0)
+                last = self._log.read().strip().splitlines()[-1:] or ["no output"]
                 raise SettingError("methods", LLAMA_CPP_NGRAM, f"llama-server exited: {last[0]}")
             try:
                 with urllib.request.urlopen(self._url("/health"), timeout=5) as reply:
@@ -168,3 +173,4 @@ class LlamaServer:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+        self._log.close()

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import SettingError
-from .device import cpu_has_native_bf16, dtype_name, pick_device, pick_dtype
+from .cpu import cpu_has_native_bf16
+from .device import dtype_name, pick_device, pick_dtype
 from .weights_mode import AUTO, DENSE, WEIGHTS_NAMES, WeightsMode
 
 QUANTIZED_DTYPE = torch.bfloat16  # the weight-only kernels' activations (float32 ones are 5-20x slower)

@@ -252,8 +252,7 @@ class DecodeWorker:
         return shared - 1
 
     def _serve(self, job: Job) -> None:
-        queue_seconds = time.perf_counter() - job.enqueued
-        begin = time.perf_counter()
+        queue_seconds = self._running_since - job.enqueued
         try:
             reused = self._reuse(job.prompt)
             self.decoder.set_sampling(job.sampling)
@@ -266,7 +265,7 @@ class DecodeWorker:
         finally:
             self._unsaved = True
             self.jobs_done += 1
-            self._durations.append(time.perf_counter() - begin)
+            self._durations.append(time.perf_counter() - self._running_since)
         job.emit(finish)
 
     def _stop_requested(self, job: Job) -> Callable[[], bool]:

@@ -297,7 +297,7 @@ def test_auto_weights_follow_the_file(tmp_path, stored, expected):
     """The header names the matmul weights' type; the default weights follow it on the CPU, and
     the banner says why. A float32 file, another device or an asked float32 run dense."""
     from tr_cli.engine.options import DecodingOptions
-    from tr_cli.models.device import cpu_has_native_bf16
+    from tr_cli.models.cpu import cpu_has_native_bf16
 
     path = write_gguf(tmp_path / "tiny.gguf", matrices=stored)
     name = "F32" if stored is None else stored.name
