@@ -44,12 +44,27 @@ def gguf_cache() -> Path:
 
 
 def new_home(path: Path, gguf_cache: Path) -> Path:
-    """A fresh TR_HOME whose GGUF conversion cache is the run's (data starts empty)."""
+    """A fresh TR_HOME whose GGUF conversion cache and compiled kernels are the run's (data starts
+    empty): each is made once per run, whatever TR_HOME a test or its subprocess uses."""
     (path / "cache").mkdir(parents=True, exist_ok=True)
-    link = path / "cache" / "gguf"
-    if not link.exists():
-        link.symlink_to(gguf_cache, target_is_directory=True)
+    for name, target in (("gguf", gguf_cache), ("kernels", SESSION_CACHE / "kernels")):
+        target.mkdir(parents=True, exist_ok=True)
+        link = path / "cache" / name
+        if not link.exists():
+            link.symlink_to(target, target_is_directory=True)
     return path
+
+
+@pytest.fixture(scope="session")
+def tr_kernels() -> Path:
+    """tr's int4/int8 kernels, compiled once per run into the run's cache and loaded; skipped on a
+    machine where they cannot run (no AVX2, no C++ compiler), saying why."""
+    from tr_cli.models import native_kernels
+
+    reason = native_kernels.unavailable()
+    if reason is not None:
+        pytest.skip(f"tr's kernels cannot run here: {reason}")
+    return native_kernels.load(SESSION_CACHE / "kernels")
 
 
 @pytest.fixture()

@@ -148,13 +148,20 @@ def test_generate_from_checkpoint_directory(tiny_llama_dir):
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
-def test_generate_with_quantized_weights(tiny_llama_dir, home, weights):
-    """--weights: the banner says what runs; --compare runs generate on the same quantized model.
-    TR_DEBUG=1 says where the start's time went, step by step."""
+def test_generate_with_quantized_weights(tiny_llama_dir, home, weights, request):
+    """--weights: the banner says what runs (tr's kernels in float32 where they can run, built once
+    per run by the fixture); --compare runs generate on the same quantized model. TR_DEBUG=1 says
+    where the start's time went, step by step."""
+    from tr_cli.models import native_kernels
+
+    why_not = native_kernels.unavailable()
+    if why_not is None:
+        request.getfixturevalue("tr_kernels")
     args = ("generate", str(tiny_llama_dir), "--weights", weights, "-n", "12", "--compare", "-p", "Hello")
     out = run(*args, env={"TR_DEBUG": "1"})
     assert out.returncode == 0, out.stderr
-    assert f"{weights} weights, bfloat16" in out.stderr
+    kernels = "float32 on tr's kernels" if why_not is None else "bfloat16 on torch's kernels"
+    assert f"{weights} weights, {kernels}" in out.stderr
     seconds = r"\d+\.\d\d s"
     assert re.search(
         rf"start: before loading \(Python, imports, checks\) {seconds} · loading the model {seconds} · "
@@ -164,6 +171,22 @@ def test_generate_with_quantized_weights(tiny_llama_dir, home, weights):
         out.stderr,
     ), out.stderr
     assert re.search(r"transformers greedy: 12 tokens.*(output identical|output differs from token)", out.stderr)
+
+
+def test_a_kernel_build_that_fails_falls_back_to_torch_kernels(tiny_llama_dir, tmp_path, gguf_cache):
+    """A machine whose compiler cannot build tr's kernels still runs the quantized model, on
+    torch's kernels in bfloat16, and says so once."""
+    from conftest import new_home
+
+    home = tmp_path / "fresh"
+    new_home(home, gguf_cache)
+    (home / "cache" / "kernels").unlink()  # not the run's built kernels: this home builds its own
+    args = ("generate", str(tiny_llama_dir), "--weights", "int4", "-n", "4", "-p", "Hello")
+    out = run(*args, env={"TR_HOME": str(home), "CXX": "false"})
+    assert out.returncode == 0, out.stderr
+    assert "building tr's kernels with" in out.stderr and "running torch's kernels in bfloat16" in out.stderr
+    assert "int4 weights, bfloat16 on torch's kernels: building tr's kernels with" in out.stderr
+    assert list((home / "cache" / "kernels").glob("*/build.log"))
 
 
 def test_sampled_generate_is_reproducible_from_its_seed(tiny_llama_dir):

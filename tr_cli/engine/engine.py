@@ -10,8 +10,10 @@ from ..core import TokenRecyclingDecoder
 from ..core.drafters.plan import DraftPlan
 from ..core.sampling_config import SamplingConfig, SamplingRequest, ignored_generation_settings
 from ..errors import SettingError
-from ..models import LoadedModel, WeightsMode, load_model
+from ..models import LoadedModel, WeightsMode, load_model, native_kernels
+from ..models.load import kernels_dir
 from ..models.progress import Status, quiet
+from ..models.runtime import NATIVE_DTYPE
 from ..models.weights import quantized_copy
 from ..store.hot_matrix import HotMatrix, Saved
 from ..store.paths import cache_dir
@@ -111,6 +113,8 @@ class Engine:
                 f"{weights} variants are made from the dense model; load it dense",
             )
         if weights not in self._quantized:
+            if self.loaded.runtime.dtype == NATIVE_DTYPE:
+                native_kernels.load(kernels_dir(cache_dir()), self.status)
             self.status(f"Quantizing a copy of {self.loaded.model_id}'s weights to {weights}")
             self._quantized[weights] = quantized_copy(self.loaded.model, weights).eval()
         return self._quantized[weights]

@@ -10,10 +10,11 @@ import torch
 
 from ..core.matrix import output_vocab_size
 from ..errors import ModelError, first_line
+from . import native_kernels
 from .gguf_cache import gguf_checkpoint
 from .progress import Status, quiet
 from .resolve import ModelSource, resolve_model
-from .runtime import Runtime
+from .runtime import NATIVE_DTYPE, Runtime
 from .weights import quantize
 
 
@@ -62,6 +63,24 @@ def config_context_limit(config: object) -> int | None:
         pass
     value = getattr(config, "max_position_embeddings", None)
     return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def _with_kernels(runtime: Runtime, cache: Path, status: Status) -> Runtime:
+    """`runtime`, with tr's kernels built and loaded where its quantized mode runs on them, or on
+    torch's kernels where they fail to build (said once through `status`)."""
+    if runtime.weights.dense or runtime.dtype != NATIVE_DTYPE:
+        return runtime
+    try:
+        native_kernels.load(kernels_dir(cache), status)
+    except native_kernels.KernelBuildError as exc:
+        status(f"{exc}; running torch's kernels in bfloat16 (slower trees)")
+        return runtime.with_torch_kernels(first_line(exc))
+    return runtime
+
+
+def kernels_dir(cache: Path) -> Path:
+    """Where tr's compiled kernels are kept under the cache dir (one folder per build)."""
+    return cache / "kernels"
 
 
 def _location(source: ModelSource, cache: Path, status: Status) -> str:
@@ -132,10 +151,12 @@ def load_model(
 ) -> LoadedModel:
     """Resolve, then load model and tokenizer as `runtime` says (default: auto device and dtype,
     dense weights; eval mode), its matmul weights quantized unless they are dense. `cache`: where
-    converted GGUF checkpoints are kept."""
+    converted GGUF checkpoints and tr's compiled kernels are kept. A runtime on tr's kernels whose
+    build fails here loads on torch's instead (bfloat16), saying why in `LoadedModel.runtime`."""
     runtime = runtime or Runtime.resolve()
-    torch_device, torch_dtype = runtime.device, runtime.dtype
     source = resolve_model(arg)
+    runtime = _with_kernels(runtime, cache, status)
+    torch_device, torch_dtype = runtime.device, runtime.dtype
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -7,7 +7,7 @@ and `LoadedModel.runtime` records it for banners, reports and calibration keys.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,7 +16,8 @@ from .cpu import cpu_has_native_bf16
 from .device import dtype_name, pick_device, pick_dtype
 from .weights_mode import AUTO, DENSE, WEIGHTS_NAMES, WeightsMode
 
-QUANTIZED_DTYPE = torch.bfloat16  # the weight-only kernels' activations (float32 ones are 5-20x slower)
+QUANTIZED_DTYPE = torch.bfloat16  # torch's weight-only kernels' activations (float32 ones are 5-20x slower)
+NATIVE_DTYPE = torch.float32  # tr's kernels' activations (models/native_kernels.py)
 # GGUF matmul types by the kernel that holds them closest: 4 bits or fewer -> int4 (groups of 32
 # with a scale and a minimum, as Q4_1); 5 to 8 bits -> int8 (int4 would lose what the file kept).
 _INT4_STORED = ("Q4", "IQ4", "Q3", "IQ3", "Q2", "IQ2", "IQ1", "Q1", "TQ", "MXFP4", "NVFP4")
@@ -25,11 +26,11 @@ _INT8_STORED = ("Q5", "Q6", "Q8")
 
 def auto_weights(stored_as: str | None, device: torch.device, dtype: str) -> tuple[WeightsMode, str | None]:
     """The weights mode that follows the model file, and why, in a few words for the banner: a
-    GGUF quantized to 4 bits or fewer runs int4, one of 5-8 bits int8, where torch's quantized
-    CPU kernels can run it (the cpu device, bfloat16 activations); on CPUs with native bfloat16
-    matmuls (AVX512-BF16, AMX) prompts take the bfloat16 weights (`+bf16`: ~2x faster there; on
-    AVX2 a bfloat16 matmul over many rows is slower than int4's). Anything else runs dense (a
-    checkpoint: with no reason to give)."""
+    GGUF quantized to 4 bits or fewer runs int4, one of 5-8 bits int8, where the quantized CPU
+    kernels can run it (the cpu device; a dtype they take); on CPUs with native bfloat16 matmuls
+    (AVX512-BF16, AMX) torch's kernels with the bfloat16 weights for prompts (`+bf16`: ~2x faster
+    there), elsewhere tr's kernels (quantized_dtype). Anything else runs dense (a checkpoint: with
+    no reason to give)."""
     kind = None
     if stored_as is not None:
         kind = "int4" if stored_as.startswith(_INT4_STORED) else "int8" if stored_as.startswith(_INT8_STORED) else None
@@ -42,6 +43,30 @@ def auto_weights(stored_as: str | None, device: torch.device, dtype: str) -> tup
     return WeightsMode(kind, cpu_has_native_bf16()), f"the file holds {stored_as} weights"
 
 
+def quantized_dtype(mode: WeightsMode, dtype: str) -> tuple[torch.dtype, str]:
+    """The dtype a quantized `mode` model computes in, which picks its kernels, and the kernels in
+    words: float32 on tr's kernels where they can run (not with `+bf16`, a bfloat16 mode), else
+    bfloat16 on torch's, saying why. SettingError for a dtype neither takes."""
+    from . import native_kernels
+
+    why_not = "they keep bfloat16 prompt weights" if mode.bf16_prompts else native_kernels.unavailable()
+    if dtype == AUTO:
+        if why_not is None:
+            return NATIVE_DTYPE, "tr's kernels"
+        return QUANTIZED_DTYPE, f"torch's kernels: tr's cannot run here, {why_not}"
+    if dtype == dtype_name(QUANTIZED_DTYPE):
+        return QUANTIZED_DTYPE, "torch's kernels"
+    if dtype == dtype_name(NATIVE_DTYPE):
+        if why_not is not None:
+            raise SettingError(
+                "weights", mode, f"computes in float32 on tr's kernels, which cannot run here: {why_not}; use bfloat16"
+            )
+        return NATIVE_DTYPE, "tr's kernels"
+    raise SettingError(
+        "weights", mode, "computes in float32 (tr's kernels) or bfloat16 (torch's); leave the dtype at auto"
+    )
+
+
 @dataclass(frozen=True)
 class Runtime:
     """A model's device, the dtype it is loaded in, and its weights mode: one checked value."""
@@ -50,6 +75,7 @@ class Runtime:
     dtype: torch.dtype
     weights: WeightsMode = DENSE
     chosen_because: str | None = None  # why, where the weights mode was chosen (`auto`)
+    kernels: str | None = None  # which kernels a quantized mode runs on, in words (quantized_dtype)
 
     @classmethod
     def resolve(
@@ -61,8 +87,10 @@ class Runtime:
         torch_device = pick_device(device)
         if weights == AUTO:
             mode, why = auto_weights(stored_as, torch_device, dtype)
-            chosen = pick_dtype(dtype, torch_device) if mode.dense else QUANTIZED_DTYPE
-            return cls(torch_device, chosen, mode, why)
+            if mode.dense:
+                return cls(torch_device, pick_dtype(dtype, torch_device), mode, why)
+            chosen, kernels = quantized_dtype(mode, dtype)
+            return cls(torch_device, chosen, mode, why, kernels)
         if weights not in WEIGHTS_NAMES:
             raise SettingError("weights", weights, f"unknown; use {', '.join(WEIGHTS_NAMES)}")
         mode = WeightsMode.parse(weights)
@@ -74,9 +102,12 @@ class Runtime:
                 mode,
                 f"runs on torch's CPU kernels; use the cpu device, or dense weights on {torch_device.type}",
             )
-        if dtype != "auto" and pick_dtype(dtype, torch_device) != QUANTIZED_DTYPE:
-            raise SettingError("weights", mode, "computes in bfloat16; leave the dtype at auto or give bfloat16")
-        return cls(torch_device, QUANTIZED_DTYPE, mode)
+        chosen, kernels = quantized_dtype(mode, dtype)
+        return cls(torch_device, chosen, mode, kernels=kernels)
+
+    def with_torch_kernels(self, why: str) -> Runtime:
+        """This runtime on torch's kernels (bfloat16), where tr's were picked but failed to build."""
+        return replace(self, dtype=QUANTIZED_DTYPE, kernels=f"torch's kernels: {why}")
 
     @property
     def dtype_name(self) -> str:
@@ -88,4 +119,5 @@ class Runtime:
         why = f" ({self.chosen_because})" if self.chosen_because else ""
         if self.weights.dense:
             return f"{self.dtype_name}{why}"
-        return f"{self.weights} weights{why}, {self.dtype_name}"
+        kernels = f" on {self.kernels}" if self.kernels else ""
+        return f"{self.weights} weights{why}, {self.dtype_name}{kernels}"

@@ -1,11 +1,19 @@
-"""Weight-only quantized matmuls (`--weights int8|int4`) on torch's own CPU kernels.
+"""Weight-only quantized matmuls (`--weights int8|int4`): tr's own kernels on float32 models, torch's on
+bfloat16 ones.
 
 A one-token decoding step streams every weight once, so on a CPU its matmuls cost what the
 weights weigh: int8 halves bf16's bytes, int4 quarters them (benchmarks/matmul_kernels.py). The
 quantized layers replace the model's linear layers in place of the module objects (no transformers
 code is touched), so `generate` and tr run the very same quantized model, and tr's output is
-compared with `generate` on it (as with any bf16 model, a many-token forward may round a near-tie
-differently). Activations stay bfloat16 (the kernels' fast path: float32 ones are 5-20x slower).
+compared with `generate` on it. Which kernels a layer runs follows the model's dtype, chosen once in
+Runtime.resolve:
+
+- float32 model: tr's kernels (native_kernels.py; AVX2, compiled on first use). int4 as GGUF's Q4_1
+  blocks (groups of 32 inputs, a float16 step and minimum each: a Q4_1 file's values come back bit for
+  bit), int8 as Q8_0 (groups of 32, a float16 step); activations quantized per row to int8. Every row
+  is computed alone, in one order, so a tree's rows equal one-token steps exactly.
+- bfloat16 model: torch's weight-only kernels (their fast path: float32 activations are 5-20x slower
+  there), as follows.
 
 - int8: one symmetric scale per output row (`aten._weight_int8pack_mm`).
 - int4: groups of 32 inputs with a scale and a minimum each, as GGUF's Q4_1 blocks
@@ -36,6 +44,7 @@ from torch import nn
 from ..core.forward import FUSED_GATE_UP, FUSED_QKV
 from ..core.step_scope import in_decoding_step
 from ..errors import SettingError
+from . import native_kernels
 from .device import dtype_name
 from .runtime import QUANTIZED_DTYPE
 from .weights_mode import DENSE, WeightsMode
@@ -49,6 +58,7 @@ class _QuantizedLinear(nn.Module):
     """y = x Wᵀ + b with W quantized; subclasses hold W and call their kernel in `_matmul`."""
 
     mode = ""
+    compute_dtype = QUANTIZED_DTYPE  # the activations' dtype the kernel takes
     # Whether a row view holds exactly what quantizing those rows alone gives, by construction.
     rows_exact = False
 
@@ -59,7 +69,7 @@ class _QuantizedLinear(nn.Module):
         super().__init__()
         self.in_features = in_features
         self.out_features = out_features
-        self.bias = None if bias is None else nn.Parameter(bias.detach().to(QUANTIZED_DTYPE), requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(self.compute_dtype), requires_grad=False)
         for name, tensor in buffers.items():
             self.register_buffer(name, tensor)
         self.register_buffer("prompt_weight", None)  # (out, in) bfloat16 in a `+bf16` mode
@@ -81,8 +91,8 @@ class _QuantizedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.dtype != QUANTIZED_DTYPE:  # checked here: a no-op call still costs ~1 µs, 211 times a step
-            flat = flat.to(QUANTIZED_DTYPE)
+        if flat.dtype != self.compute_dtype:  # checked here: a no-op call still costs ~1 µs, 211 times a step
+            flat = flat.to(self.compute_dtype)
         if not flat.is_contiguous():
             flat = flat.contiguous()
         if self.prompt_weight is not None and flat.shape[0] > 1 and not in_decoding_step():
@@ -132,6 +142,10 @@ class Int8Linear(_QuantizedLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales)
 
+    @staticmethod
+    def fits(out_features: int, in_features: int) -> bool:
+        return True
+
     def _share(self, start: int, stop: int) -> Int8Linear:
         # Whole rows: contiguous views.
         views = {"weight_int8": self.weight_int8[start:stop], "scales": self.scales[start:stop]}
@@ -174,7 +188,93 @@ class Int4Linear(_QuantizedLinear):
         return Int4Linear(self.in_features, stop - start, None, views)
 
 
-_KINDS = {"int8": Int8Linear, "int4": Int4Linear}
+def _padded_groups(values: torch.Tensor) -> torch.Tensor:
+    """(out, groups) float16 steps padded with zeros to a multiple of 8 groups: tr's kernels read
+    eight groups' steps at a time."""
+    pad = -values.shape[1] % 8
+    return F.pad(values, (0, pad)).contiguous() if pad else values.contiguous()
+
+
+def _float16(values: torch.Tensor) -> torch.Tensor:
+    finite = torch.finfo(torch.float16).max
+    return values.clamp(-finite, finite).to(torch.float16)
+
+
+class _NativeLinear(_QuantizedLinear):
+    """A layer on tr's kernels (native_kernels.py): float32 in and out, groups of 32 inputs, every
+    row computed alone (so row views and tree rows are exact)."""
+
+    compute_dtype = torch.float32
+    rows_exact = True
+
+    @staticmethod
+    def fits(out_features: int, in_features: int) -> bool:
+        return in_features % INT4_GROUP == 0
+
+    def _share(self, start: int, stop: int) -> _NativeLinear:
+        views = {name: tensor[start:stop] for name, tensor in self.named_buffers(recurse=False) if tensor is not None}
+        return type(self)(self.in_features, stop - start, None, views)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # One kernel call (it flattens the rows, adds the bias, shapes the output): ~120 calls a
+        # step, where each Python line costs a microsecond or more.
+        return self._linear(x if x.dtype is torch.float32 else x.float(), self.bias)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return self._linear(x, None)
+
+    def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class Q4Linear(_NativeLinear):
+    """int4 as GGUF's Q4_1: per group of 32 inputs, levels 0-15, a float16 step and minimum."""
+
+    mode = "int4"
+
+    @staticmethod
+    def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        out_features, in_features = weight.shape
+        groups = weight.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        steps, minimums = _float16((high - low) / 15), _float16(low)
+        # Levels against the float16 values the kernel uses: a Q4_1 tensor's own levels come back.
+        step = steps.float().masked_fill(steps == 0, 1)[..., None]
+        levels = ((groups - minimums.float()[..., None]) / step).round().clamp(0, 15).to(torch.uint8)
+        half = INT4_GROUP // 2  # byte i holds input i (low nibble) and input i + 16 (high)
+        return {
+            "levels": (levels[..., :half] | (levels[..., half:] << 4)).contiguous(),
+            "steps": _padded_groups(steps),
+            "minimums": _padded_groups(minimums),
+        }
+
+    def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.tr_kernels.int4_mm(x, self.levels, self.steps, self.minimums, bias)
+
+
+class Q8Linear(_NativeLinear):
+    """int8 as GGUF's Q8_0: per group of 32 inputs, levels -127..127 and a float16 step."""
+
+    mode = "int8"
+
+    @staticmethod
+    def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        out_features, in_features = weight.shape
+        groups = weight.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+        steps = _float16(groups.abs().amax(dim=-1) / 127)
+        step = steps.float().masked_fill(steps == 0, 1)[..., None]
+        levels = (groups / step).round().clamp(-127, 127).to(torch.int8)
+        return {"levels": levels.contiguous(), "steps": _padded_groups(steps)}
+
+    def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.tr_kernels.int8_mm(x, self.levels, self.steps, bias)
+
+
+# The layers by the model's dtype, then by mode: (int8 kind, int4 kind).
+_KINDS = {
+    QUANTIZED_DTYPE: {"int8": Int8Linear, "int4": Int4Linear},
+    torch.float32: {"int8": Q8Linear, "int4": Q4Linear},
+}
 
 # Sibling projections reading the same input, as Llama-family layers name them, and the attribute
 # under which their fused layer is kept (core/forward.py's direct path calls it once instead of
@@ -200,14 +300,30 @@ def _dense_weight(module: nn.Module) -> torch.Tensor | None:
     return None
 
 
+def layer_kinds(dtype: torch.dtype, mode: WeightsMode) -> tuple[type[_QuantizedLinear], type[_QuantizedLinear]]:
+    """The layer classes a `dtype` model quantized to `mode` gets: (its matmuls', its output head's);
+    SettingError where that cannot run (tr's kernels not loaded, a `+bf16` mode on float32)."""
+    kinds = _KINDS.get(dtype)
+    if kinds is None:
+        raise SettingError(
+            "dtype", dtype_name(dtype), f"{mode} weights run on float32 (tr's kernels) or bfloat16 models"
+        )
+    if dtype == torch.float32:
+        if mode.bf16_prompts:
+            raise SettingError("weights", mode, "keeps bfloat16 prompt weights: load the model in bfloat16")
+        if not native_kernels.loaded():
+            raise SettingError("weights", mode, "on a float32 model runs tr's kernels, which are not loaded")
+    return kinds[mode.quantized], kinds["int8"]
+
+
 def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
-    """Replace a bfloat16 model's matmul layers with `mode` ones (the output head: int8), in
-    place; the rest stays as loaded (float32 buffers such as the rotary frequencies included). A
-    `+bf16` mode keeps each layer's bfloat16 weight for prompts (the tensor itself, not a copy,
-    where the layer is not fused)."""
+    """Replace a float32 or bfloat16 model's matmul layers with `mode` ones (the output head: int8),
+    in place, on the kernels its dtype runs (layer_kinds); the rest stays as loaded (float32 buffers
+    such as the rotary frequencies included). A `+bf16` mode keeps each layer's bfloat16 weight for
+    prompts (the tensor itself, not a copy, where the layer is not fused)."""
     if mode.dense:
         return Quantized(mode, 0, 0)
-    kind = _KINDS[mode.quantized]
+    kind, head_kind = layer_kinds(next(model.parameters()).dtype, mode)
     keep = mode.bf16_prompts
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     layers = _fuse_siblings(model, kind, keep)
@@ -215,8 +331,8 @@ def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
     kept = 0
     for name, module in targets:
         weight = _dense_weight(module)
-        layer_kind = Int8Linear if module is head else kind
-        if layer_kind is Int4Linear and not Int4Linear.fits(*weight.shape):
+        layer_kind = head_kind if module is head else kind
+        if not layer_kind.fits(*weight.shape):
             kept += 1
             continue
         parent_name, _, child = name.rpartition(".")
@@ -251,7 +367,7 @@ def _fuse_siblings(model: nn.Module, kind: type[_QuantizedLinear], keep: bool) -
             weights = [_dense_weight(m) if isinstance(m, nn.Module) else None for m in siblings]
             if any(w is None for w in weights) or len({w.shape[1] for w in weights}) != 1:
                 continue
-            if kind is Int4Linear and not all(Int4Linear.fits(*w.shape) for w in weights):
+            if not all(kind.fits(*w.shape) for w in weights):
                 continue
             biases = [getattr(m, "bias", None) for m in siblings]
             if any(b is None for b in biases) and any(b is not None for b in biases):
@@ -278,14 +394,10 @@ def _same_tensors(a: nn.Module, b: nn.Module) -> bool:
 
 
 def quantized_copy(model: nn.Module, mode: WeightsMode) -> nn.Module:
-    """A `mode` copy of a bfloat16 model sharing every tensor `quantize` keeps (embeddings, norms),
-    so a bench compares both in one process at the cost of the quantized weights only."""
-    if next(model.parameters()).dtype != QUANTIZED_DTYPE:  # a cast would convert the shared tensors
-        raise SettingError(
-            "dtype",
-            dtype_name(next(model.parameters()).dtype),
-            f"{mode} weights are compared with a bfloat16 model; use bfloat16",
-        )
+    """A `mode` copy of a float32 or bfloat16 model sharing every tensor `quantize` keeps
+    (embeddings, norms), so a bench compares both in one process at the cost of the quantized
+    weights only. The copy computes in the model's dtype (a cast would convert the shared tensors)."""
+    layer_kinds(next(model.parameters()).dtype, mode)  # refused before anything is copied
     shared = {id(tensor): tensor for tensor in [*model.parameters(), *model.buffers()]}
     twin = copy.deepcopy(model, memo=dict(shared))
     quantize(twin, mode)

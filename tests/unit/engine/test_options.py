@@ -62,7 +62,8 @@ def test_settings_resolve_into_typed_values(tmp_path):
         ({"device": "tpu"}, "device", "unknown device"),
         ({"dtype": "int3"}, "dtype", "unknown dtype"),
         ({"weights": "int3"}, "weights", "unknown"),
-        ({"weights": "int8", "dtype": "float32"}, "weights", "computes in bfloat16"),
+        ({"weights": "int8", "dtype": "float16"}, "weights", r"computes in float32 \(tr's kernels\) or bfloat16"),
+        ({"weights": "int8+bf16", "dtype": "float32"}, "weights", "keep bfloat16 prompt weights"),
         ({"top_p": 2.0}, "top_p", "between 0 and 1"),
         ({"temperature": -1.0}, "temperature", r"0 \(greedy\) or more"),
         ({"temperature": 0.0, "top_k": 5}, "top_k", "temperature 0 is greedy"),
@@ -87,7 +88,7 @@ def test_weights_modes_parse_and_print_back():
     assert WeightsMode.parse("dense") is DENSE and DENSE.dense
     with pytest.raises(ValueError):
         WeightsMode(None, bf16_prompts=True)
-    assert Runtime.resolve("cpu", "auto", "int8").describe() == "int8 weights, bfloat16"
+    assert Runtime.resolve("cpu", "bfloat16", "int8").describe() == "int8 weights, bfloat16 on torch's kernels"
     assert Runtime.resolve("cpu", "float32").describe() == "float32"
 
 

@@ -308,8 +308,15 @@ def test_auto_weights_follow_the_file(tmp_path, stored, expected):
     )
     assert runtime.chosen_because == f"the file holds {name} weights"
     assert f"(the file holds {name} weights)" in runtime.describe()
+    from tr_cli.models import native_kernels
+
     native = cpu_has_native_bf16()
-    assert runtime.dtype == (torch.bfloat16 if expected != "dense" or native else torch.float32)
+    if expected == "dense":
+        assert runtime.dtype == (torch.bfloat16 if native else torch.float32)
+    elif native or native_kernels.unavailable() is not None:  # torch's kernels, bfloat16
+        assert runtime.dtype == torch.bfloat16 and runtime.kernels.startswith("torch's kernels")
+    else:  # tr's kernels compute in float32
+        assert runtime.dtype == torch.float32 and runtime.describe().endswith("float32 on tr's kernels")
     asked = DecodingOptions.parse(model=str(path), device="cpu", dtype="float32").runtime
     assert asked.weights.dense and asked.dtype == torch.float32
     if expected != "dense":

@@ -18,6 +18,8 @@ from tr_cli.models.weights import (
     INT4_GROUP,
     Int4Linear,
     Int8Linear,
+    Q4Linear,
+    Q8Linear,
     quantize,
     quantized_copy,
     weights_mode,
@@ -166,9 +168,18 @@ def test_quantized_copy_shares_what_it_keeps_and_leaves_the_original_dense():
     assert not torch.equal(twin(ids).logits, before)  # it does run other weights
 
 
-def test_quantized_copy_refuses_a_float32_model():
-    with pytest.raises(SettingError, match="bfloat16"):
-        quantized_copy(tiny_model("llama"), WeightsMode.parse("int8"))
+def test_quantized_copy_refuses_a_float16_model():
+    with pytest.raises(SettingError, match=r"float32 \(tr's kernels\) or bfloat16 models"):
+        quantized_copy(tiny_model("llama", dtype=torch.float16), WeightsMode.parse("int8"))
+
+
+def test_a_float32_model_is_quantized_onto_tr_kernels(tr_kernels):
+    model = tiny_model("llama")
+    twin = quantized_copy(model, WeightsMode.parse("int4"))
+    assert type(twin.model.layers[0].mlp.down_proj) is Q4Linear and type(twin.get_output_embeddings()) is Q8Linear
+    assert twin.get_input_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    with pytest.raises(SettingError, match="keeps bfloat16 prompt weights"):
+        quantized_copy(model, WeightsMode.parse("int4+bf16"))
 
 
 @pytest.mark.parametrize("mode", ["int8+bf16", "int4+bf16"])
@@ -273,12 +284,31 @@ def test_one_token_decoding_equals_generate_on_the_quantized_model(arch, mode):
 
 def test_runtime_refuses_weights_that_cannot_run():
     assert Runtime.resolve("cpu", "float16", "dense").dtype == torch.float16  # dense runs in any dtype
-    assert Runtime.resolve("cpu", "auto", "int8") == Runtime(CPU, torch.bfloat16, WeightsMode("int8"))
+    on_torch = Runtime(CPU, torch.bfloat16, WeightsMode("int8"), kernels="torch's kernels")
+    assert Runtime.resolve("cpu", "bfloat16", "int8") == on_torch
     assert Runtime.resolve("cpu", "bfloat16", "int4").weights.name == "int4"
     assert Runtime.resolve("cpu", "auto", "int4+bf16").weights == WeightsMode("int4", bf16_prompts=True)
+    assert Runtime.resolve("cpu", "auto", "int4+bf16").dtype == torch.bfloat16
     with pytest.raises(SettingError, match="weights int3: unknown; use auto, dense, int8, int4"):
         Runtime.resolve("cpu", "auto", "int3")
-    with pytest.raises(SettingError, match="weights int4: computes in bfloat16"):
+    with pytest.raises(SettingError, match="weights int4: computes in float32 .* or bfloat16"):
+        Runtime.resolve("cpu", "float16", "int4")
+
+
+def test_runtime_picks_tr_kernels_where_they_can_run(monkeypatch):
+    from tr_cli.models import native_kernels
+
+    if native_kernels.unavailable() is not None:
+        pytest.skip(f"tr's kernels cannot run here: {native_kernels.unavailable()}")
+    assert Runtime.resolve("cpu", "auto", "int8") == Runtime(
+        CPU, torch.float32, WeightsMode("int8"), kernels="tr's kernels"
+    )
+    assert Runtime.resolve("cpu", "float32", "int4").describe() == "int4 weights, float32 on tr's kernels"
+    monkeypatch.setenv("TR_KERNELS", "torch")  # where they cannot run: torch's, saying why
+    fallback = Runtime.resolve("cpu", "auto", "int4")
+    assert fallback.dtype == torch.bfloat16
+    assert fallback.describe() == "int4 weights, bfloat16 on torch's kernels: tr's cannot run here, TR_KERNELS=torch"
+    with pytest.raises(SettingError, match="computes in float32 on tr's kernels, which cannot run here: TR_KERNELS"):
         Runtime.resolve("cpu", "float32", "int4")
 
 

@@ -1,0 +1,156 @@
+"""tr's own int4/int8 kernels (models/quantized_matmul.cpp): the arithmetic they promise, rows computed
+alone, GGUF's Q4_1/Q8_0 blocks kept bit for bit, operands checked, and a build that fails or cannot
+run said in one line."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import quants
+
+from tr_cli.core import StopCondition, TokenRecyclingDecoder
+from tr_cli.core.tree import PRESETS
+from tr_cli.models import native_kernels
+from tr_cli.models.weights import Q4Linear, Q8Linear, quantize, weights_mode
+from tr_cli.models.weights_mode import WeightsMode
+
+from tiny_models import ARCHITECTURES, EOS, random_prompt, reference, tiny_model
+
+pytestmark = pytest.mark.usefixtures("tr_kernels")
+
+
+def quantized_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Activations as the kernels quantize them: int8 levels and one step per 32 values of a row."""
+    groups = x.reshape(x.shape[0], -1, 32)
+    largest = groups.abs().amax(dim=-1, keepdim=True)
+    inverse = torch.where(largest > 0, 127 / largest, torch.zeros_like(largest))
+    return torch.round(groups * inverse), largest / 127
+
+
+def expected(x: torch.Tensor, layer: Q4Linear | Q8Linear) -> torch.Tensor:
+    """y = sum over groups of d_w d_x (q . a) (+ minimum_w d_x sum(a) for int4), in float64."""
+    levels, steps = quantized_rows(x)
+    groups = levels.shape[1]
+    if isinstance(layer, Q4Linear):
+        low, high = layer.levels & 15, layer.levels >> 4
+        q = torch.cat([low, high], dim=-1).double()
+        minimums = layer.minimums[:, :groups].double()
+    else:
+        q, minimums = layer.levels.double(), torch.zeros(layer.out_features, groups, dtype=torch.float64)
+    w_steps = layer.steps[:, :groups].double()
+    dots = torch.einsum("mgi,ngi->mng", levels.double(), q)
+    a_sums = (levels.double().sum(-1) * steps[..., 0].double())[:, None, :]
+    return (dots * w_steps[None] * steps[..., 0].double()[:, None, :] + minimums[None] * a_sums).sum(-1)
+
+
+@pytest.mark.parametrize("kind", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize(("outputs", "inputs"), [(83, 96), (64, 576), (7, 32), (130, 288)])
+def test_the_kernels_compute_the_quantized_arithmetic(kind, outputs, inputs):
+    """Odd output counts (the column tiles' tails), group counts that are not a multiple of 8 (the
+    padded steps), and 1 to 9 rows (every row-block size)."""
+    torch.manual_seed(outputs + inputs)
+    layer = kind.quantized(torch.randn(outputs, inputs), None)
+    for rows in range(1, 10):
+        x = torch.randn(rows, inputs) * 3
+        got = layer(x).double()
+        want = expected(x, layer)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", [Q4Linear, Q8Linear])
+def test_each_row_is_computed_alone(kind):
+    """A row gives the same bits alone as among any others: what lets a tree's rows stand for
+    one-token steps exactly."""
+    torch.manual_seed(1)
+    layer = kind.quantized(torch.randn(290, 192), torch.randn(290))
+    x = torch.randn(21, 192)
+    together = layer(x)
+    for start in range(21):
+        assert torch.equal(layer(x[start : start + 1]), together[start : start + 1])
+    for rows in (2, 3, 4, 5, 8, 9, 13):
+        assert torch.equal(layer(x[3 : 3 + rows]), together[3 : 3 + rows])
+    views = layer.rows(100, 227)  # a fused layer's sibling: a row view of its weights
+    assert torch.equal(views(x), together[:, 100:227])
+
+
+def test_zero_activations_and_constant_weight_groups():
+    weight = torch.randn(16, 64)
+    weight[:, :32] = 0.25  # a constant group: step 0
+    layer = Q4Linear.quantized(weight, None)
+    assert torch.equal(layer(torch.zeros(2, 64)), torch.zeros(2, 16))
+    x = torch.zeros(1, 64)
+    x[0, :32] = 1.0
+    assert torch.allclose(layer(x), torch.full((1, 16), 8.0))  # 32 inputs of 1 times 0.25
+
+
+def gguf_blocks(weight: np.ndarray, kind: gguf.GGMLQuantizationType) -> tuple[torch.Tensor, np.ndarray]:
+    """A tensor through GGUF's own quantizer: its dequantized values and its raw blocks."""
+    raw = quants.quantize(weight, kind)
+    return torch.from_numpy(quants.dequantize(raw, kind).copy()), raw.reshape(
+        weight.shape[0], -1, raw.shape[1] // (weight.shape[1] // 32)
+    )
+
+
+def test_a_q4_1_tensor_comes_back_bit_for_bit():
+    """A GGUF Q4_1 tensor loaded dequantized (as transformers loads it) and quantized again holds
+    the file's own steps, minimums and levels."""
+    weight = np.random.default_rng(0).standard_normal((48, 256)).astype(np.float32)
+    values, blocks = gguf_blocks(weight, gguf.GGMLQuantizationType.Q4_1)
+    layer = Q4Linear.quantized(values, None)
+    steps = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    minimums = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    assert np.array_equal(layer.steps[:, :8].numpy(), steps)
+    assert np.array_equal(layer.minimums[:, :8].numpy(), minimums)
+    assert np.array_equal(layer.levels.numpy(), blocks[..., 4:])  # same nibble order as GGUF
+    x = torch.randn(3, 256)
+    assert torch.allclose(layer(x), x @ values.t(), rtol=0.05, atol=0.5)  # activations quantized
+
+
+def test_a_q8_0_tensor_comes_back_bit_for_bit():
+    weight = np.random.default_rng(1).standard_normal((40, 128)).astype(np.float32)
+    values, blocks = gguf_blocks(weight, gguf.GGMLQuantizationType.Q8_0)
+    layer = Q8Linear.quantized(values, None)
+    assert np.array_equal(layer.steps[:, :4].numpy(), blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    assert np.array_equal(layer.levels.numpy(), blocks[..., 2:].view(np.int8))
+
+
+def test_operands_the_kernels_do_not_take_are_refused():
+    layer = Q4Linear.quantized(torch.randn(16, 64), None)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch.ops.tr_kernels.int4_mm(torch.randn(1, 64).double(), layer.levels, layer.steps, layer.minimums)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        torch.ops.tr_kernels.int4_mm(torch.randn(1, 48), layer.levels, layer.steps, layer.minimums)
+    with pytest.raises(RuntimeError, match="levels"):
+        torch.ops.tr_kernels.int4_mm(torch.randn(1, 96), layer.levels, layer.steps, layer.minimums)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_token_recycling_equals_generate_on_a_model_on_tr_kernels(arch, mode):
+    """float32 models on tr's kernels: trees (the paper's 80 nodes) give generate's tokens on the
+    same quantized model, as dense float32 models do."""
+    model = tiny_model(arch)
+    done = quantize(model, WeightsMode.parse(mode))
+    assert done.layers > 0 and weights_mode(model).name == mode
+    decoder = TokenRecyclingDecoder(model, tree=PRESETS["paper"])
+    for seed, (length, budget) in enumerate([(5, 1), (9, 7), (20, 40), (33, 30)]):
+        ids = random_prompt(length, seed)
+        decoder.reset()
+        assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
+
+
+def test_why_the_kernels_cannot_run_is_said(monkeypatch):
+    monkeypatch.setenv("TR_KERNELS", "torch")
+    assert native_kernels.unavailable() == "TR_KERNELS=torch"
+    monkeypatch.delenv("TR_KERNELS")
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    assert "no C++ compiler" in native_kernels.unavailable()
+
+
+def test_a_failed_build_names_the_compiler_and_keeps_its_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "false")  # a "compiler" that fails at once
+    library = tmp_path / "key" / "tr_kernels.so"
+    with pytest.raises(native_kernels.KernelBuildError, match="building tr's kernels with .*false failed") as caught:
+        native_kernels._build(library)
+    assert (tmp_path / "key" / "build.log").is_file() and "build.log" in str(caught.value)
+    assert not library.exists() and [p.name for p in (tmp_path / "key").iterdir()] == ["build.log"]

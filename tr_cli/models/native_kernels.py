@@ -1,0 +1,135 @@
+"""tr's own int4/int8 matmul kernels (quantized_matmul.cpp), compiled for this machine on first use.
+
+torch's weight-only CPU kernels take bfloat16 activations and cost about one extra token per row
+on AVX2 CPUs, so a draft tree costs what decoding its tokens one by one costs. tr's kernels
+compute from float32 activations quantized per row to int8 (as llama.cpp does), with integer dot
+products whose rows share each unpacked weight group (benchmarks/matmul_kernels.py measures both).
+
+They need an x86-64 CPU with AVX2, FMA and F16C and a C++ compiler at run time (the package ships
+the source, not a binary built for someone else's CPU). `unavailable()` says cheaply, before
+anything loads, why they cannot run here; `load` compiles once per source, torch version and
+compiler into the cache dir (about 20 s, said through `status`) and loads the library into
+`torch.ops.tr_kernels`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..errors import ModelError
+from .cpu import cpu_flags
+from .progress import Status, quiet
+
+SOURCE = Path(__file__).with_name("quantized_matmul.cpp")
+NEEDED_FLAGS = ("avx2", "fma", "f16c")
+# OpenMP for at::parallel_for (torch's thread pool); the library links to no OpenMP runtime of its
+# own: its GOMP symbols resolve to the one torch already loaded, so both share one pool of threads.
+_COMPILE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-w")
+_LIBRARY = "tr_kernels.so"
+_OFF = "TR_KERNELS"  # TR_KERNELS=torch: use torch's kernels (a comparison, or a way around a bad build)
+
+_loaded: Path | None = None
+
+
+class KernelBuildError(ModelError):
+    """tr's kernels could not be compiled or loaded here; the message says why and where the log is."""
+
+
+def compiler() -> str | None:
+    """The C++ compiler: $CXX, else c++ (as setuptools and torch pick one), if it exists."""
+    name = os.environ.get("CXX") or "c++"
+    return shutil.which(name)
+
+
+def unavailable() -> str | None:
+    """Why tr's kernels cannot run here, in a few words, or None when they can (the build itself
+    may still fail: `load` says so)."""
+    if os.environ.get(_OFF) == "torch":
+        return f"{_OFF}=torch"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"they are written for x86-64 CPUs, this is {platform.machine()}"
+    missing = [flag.upper() for flag in NEEDED_FLAGS if flag not in cpu_flags()]
+    if missing:
+        return f"the CPU lacks {', '.join(missing)}"
+    if compiler() is None:
+        return "no C++ compiler found (install g++ or clang, or set CXX)"
+    return None
+
+
+def loaded() -> bool:
+    return _loaded is not None
+
+
+def load(directory: Path, status: Status = quiet) -> Path:
+    """Compile the kernels into `directory` unless a build of this very source, torch and compiler
+    is there, and load them (once per process). Returns the library's path; KernelBuildError when
+    they cannot run or build here."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    reason = unavailable()
+    if reason is not None:
+        raise KernelBuildError(f"tr's int4/int8 kernels cannot run here: {reason}")
+    import torch
+
+    library = directory / _build_key(torch.__version__) / _LIBRARY
+    if not library.is_file():
+        status("Building tr's int4/int8 kernels for this CPU (once, about 20 s)")
+        _build(library)
+    try:
+        torch.ops.load_library(str(library))
+    except (OSError, RuntimeError) as exc:
+        raise KernelBuildError(
+            f"tr's kernels at {library} do not load ({exc}); delete that folder to rebuild them"
+        ) from None
+    _loaded = library
+    return library
+
+
+def _build_key(torch_version: str) -> str:
+    """The build's folder name: what the library depends on (source, torch, compiler, flags)."""
+    digest = hashlib.sha256()
+    parts = (SOURCE.read_bytes(), torch_version.encode(), str(compiler()).encode(), " ".join(_COMPILE_FLAGS).encode())
+    for part in parts:
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _build(library: Path) -> None:
+    """Compile and link into a temporary folder beside `library`, then move the library in place:
+    a build cut short leaves nothing a later start would load."""
+    import torch
+    from torch.utils import cpp_extension
+
+    library.parent.mkdir(parents=True, exist_ok=True)
+    abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
+    includes = [f"-I{path}" for path in cpp_extension.include_paths()]
+    libraries = [f"-L{path}" for path in cpp_extension.library_paths()]
+    rpaths = [f"-Wl,-rpath,{path}" for path in cpp_extension.library_paths()]
+    cxx = compiler()
+    with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
+        obj, out = Path(scratch) / "kernels.o", Path(scratch) / _LIBRARY
+        steps = [
+            [cxx, *_COMPILE_FLAGS, abi, *includes, "-c", str(SOURCE), "-o", str(obj)],
+            [cxx, "-shared", str(obj), "-o", str(out), *libraries, *rpaths, "-lc10", "-ltorch_cpu", "-ltorch"],
+        ]
+        for command in steps:
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise KernelBuildError(f"building tr's kernels with {cxx} failed: {exc}") from None
+            if done.returncode != 0:
+                log = library.parent / "build.log"
+                log.write_text(" ".join(command) + "\n\n" + done.stdout + done.stderr)
+                said = done.stderr.splitlines()
+                lines = [line for line in said if "error" in line.lower()] or said
+                first = lines[0].strip() if lines else f"exit status {done.returncode}"
+                raise KernelBuildError(f"building tr's kernels with {cxx} failed: {first} (the whole log: {log})")
+        os.replace(out, library)
