@@ -123,7 +123,7 @@ def test_bad_options_are_one_line_errors(tmp_path):
         (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
         (["--dtype", "float8"], "unknown dtype"),
         (["--weights", "int3"], "--weights int3: unknown; use auto, dense, int8, int4"),
-        (["--weights", "int8", "--dtype", "float32"], "--weights int8: computes in bfloat16"),
+        (["--weights", "int8", "--dtype", "float16"], "--weights int8: computes in float32 (tr's kernels) or bfloat16"),
         (["--device", "tpu"], "unknown device"),
         (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or more"),
         (["--top-p", "2"], "--top-p 2.0: must be between 0 and 1"),

@@ -56,3 +56,26 @@ def test_smollm2_second_turn_from_cache(smollm2_fp32):
     follow_up = tokenizer.encode("\n<|im_start|>user\nAnd three secondary ones?<|im_end|>\n<|im_start|>assistant\n")
     second = decoder.generate(follow_up, StopCondition.build(24, loaded.eos_token_ids)).tokens
     assert second == greedy(loaded, first + reply + follow_up, 24)
+
+
+def test_smollm2_on_tr_kernels_matches_generate_with_trees(smollm2_fp32, tr_kernels):
+    """The default on an AVX2 CPU: the packaged Q4_1 weights as int4 on tr's kernels, activations
+    rounded to int8, tr's row attention. Tree steps (the paper's 80 nodes, so several rows every
+    step) give generate's tokens on the same model, on real prompts, where SDPA's one-vs-many-query
+    differences used to move the int8 roundings and part them at near-ties."""
+    from tr_cli.core.tree import PRESETS
+    from tr_cli.models.weights import quantized_copy, weights_mode
+    from tr_cli.models.weights_mode import WeightsMode
+
+    int4 = quantized_copy(smollm2_fp32.model, WeightsMode.parse("int4")).eval()
+    assert weights_mode(int4).name == "int4" and int4.config._attn_implementation == "tr_rows"
+    loaded = type(smollm2_fp32)(int4, smollm2_fp32.tokenizer, smollm2_fp32.source, smollm2_fp32.runtime)
+    prompts = {p.category: p for p in read_prompt_file(Path(__file__).parents[1] / "data" / "spec_bench_sample.jsonl")}
+    decoder = TokenRecyclingDecoder(int4, tree=PRESETS["paper"])
+    assert decoder.forward_pass.name == "direct"
+    for category in ("writing", "math_reasoning"):
+        ids = encode_prompt(loaded.tokenizer, prompts[category].turns[0])
+        decoder.reset()
+        result = decoder.generate(ids, StopCondition.build(NEW_TOKENS, loaded.eos_token_ids))
+        assert result.tokens == greedy(loaded, ids, NEW_TOKENS), category
+        assert result.stats.steps < len(result.tokens)  # drafts were accepted

@@ -35,7 +35,10 @@ LLAMA_FAMILY = ("llama", "qwen2", "mistral")
 # models/weights.py sets them on the attention and MLP modules it quantizes, the direct path calls them.
 FUSED_QKV = "fused_qkv"
 FUSED_GATE_UP = "fused_gate_up"
-_ATTENTION_KERNELS = ("sdpa", "eager")
+# The attention implementations whose function the direct path calls as the model does: transformers'
+# own, and tr's row-exact one (models/row_attention.py registers it under this name).
+ROW_ATTENTION = "tr_rows"
+_ATTENTION_KERNELS = ("sdpa", "eager", ROW_ATTENTION)
 
 
 class ModelForward:

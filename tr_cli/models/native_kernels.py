@@ -1,4 +1,5 @@
-"""tr's own int4/int8 matmul kernels (quantized_matmul.cpp), compiled for this machine on first use.
+"""tr's own kernels, compiled for this machine on first use: int4/int8 matmuls (quantized_matmul.cpp)
+and the row-exact attention that goes with them (row_attention.cpp, row_attention.py).
 
 torch's weight-only CPU kernels take bfloat16 activations and cost about one extra token per row
 on AVX2 CPUs, so a draft tree costs what decoding its tokens one by one costs. tr's kernels
@@ -26,7 +27,7 @@ from ..errors import ModelError
 from .cpu import cpu_flags
 from .progress import Status, quiet
 
-SOURCE = Path(__file__).with_name("quantized_matmul.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("quantized_matmul.cpp", "row_attention.cpp"))
 NEEDED_FLAGS = ("avx2", "fma", "f16c")
 # OpenMP for at::parallel_for (torch's thread pool); the library links to no OpenMP runtime of its
 # own: its GOMP symbols resolve to the one torch already loaded, so both share one pool of threads.
@@ -95,7 +96,8 @@ def load(directory: Path, status: Status = quiet) -> Path:
 def _build_key(torch_version: str) -> str:
     """The build's folder name: what the library depends on (source, torch, compiler, flags)."""
     digest = hashlib.sha256()
-    parts = (SOURCE.read_bytes(), torch_version.encode(), str(compiler()).encode(), " ".join(_COMPILE_FLAGS).encode())
+    sources = tuple(source.read_bytes() for source in SOURCES)
+    parts = (*sources, torch_version.encode(), str(compiler()).encode(), " ".join(_COMPILE_FLAGS).encode())
     for part in parts:
         digest.update(part)
         digest.update(b"\0")
@@ -115,11 +117,14 @@ def _build(library: Path) -> None:
     rpaths = [f"-Wl,-rpath,{path}" for path in cpp_extension.library_paths()]
     cxx = compiler()
     with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
-        obj, out = Path(scratch) / "kernels.o", Path(scratch) / _LIBRARY
-        steps = [
-            [cxx, *_COMPILE_FLAGS, abi, *includes, "-c", str(SOURCE), "-o", str(obj)],
-            [cxx, "-shared", str(obj), "-o", str(out), *libraries, *rpaths, "-lc10", "-ltorch_cpu", "-ltorch"],
+        objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
+        out = Path(scratch) / _LIBRARY
+        compile_steps = [
+            [cxx, *_COMPILE_FLAGS, abi, *includes, "-c", str(source), "-o", str(obj)]
+            for source, obj in zip(SOURCES, objects, strict=True)
         ]
+        link = [cxx, "-shared", *map(str, objects), "-o", str(out), *libraries, *rpaths, "-lc10", "-ltorch_cpu"]
+        steps = [*compile_steps, [*link, "-ltorch"]]
         for command in steps:
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=900)

@@ -46,6 +46,7 @@ from ..core.step_scope import in_decoding_step
 from ..errors import SettingError
 from . import native_kernels
 from .device import dtype_name
+from .row_attention import use_row_attention
 from .runtime import QUANTIZED_DTYPE
 from .weights_mode import DENSE, WeightsMode
 
@@ -320,7 +321,8 @@ def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
     """Replace a float32 or bfloat16 model's matmul layers with `mode` ones (the output head: int8),
     in place, on the kernels its dtype runs (layer_kinds); the rest stays as loaded (float32 buffers
     such as the rotary frequencies included). A `+bf16` mode keeps each layer's bfloat16 weight for
-    prompts (the tensor itself, not a copy, where the layer is not fused)."""
+    prompts (the tensor itself, not a copy, where the layer is not fused). A model on tr's kernels
+    also takes tr's row-exact attention where it can (row_attention.py)."""
     if mode.dense:
         return Quantized(mode, 0, 0)
     kind, head_kind = layer_kinds(next(model.parameters()).dtype, mode)
@@ -341,6 +343,8 @@ def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
         layer.head = module is head
         setattr(parent, child, layer)
         layers += 1
+    if issubclass(kind, _NativeLinear):
+        use_row_attention(model)
     return Quantized(mode, layers, kept)
 
 

@@ -1,11 +1,12 @@
-"""tr's own int4/int8 kernels (models/quantized_matmul.cpp): the arithmetic they promise, rows computed
-alone, GGUF's Q4_1/Q8_0 blocks kept bit for bit, operands checked, and a build that fails or cannot
-run said in one line."""
+"""tr's own kernels (models/quantized_matmul.cpp, row_attention.cpp): the arithmetic they promise,
+rows computed alone, GGUF's Q4_1/Q8_0 blocks kept bit for bit, operands checked, the row-exact
+attention against SDPA, and a build that fails or cannot run said in one line."""
 
 import gguf
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from gguf import quants
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
@@ -154,3 +155,75 @@ def test_a_failed_build_names_the_compiler_and_keeps_its_log(tmp_path, monkeypat
         native_kernels._build(library)
     assert (tmp_path / "key" / "build.log").is_file() and "build.log" in str(caught.value)
     assert not library.exists() and [p.name for p in (tmp_path / "key").iterdir()] == ["build.log"]
+
+
+def sdpa_reference(q, k, v, mask, scale, causal):
+    """What the row attention promises, in float64 through torch's SDPA (key/value heads repeated)."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1).double(), v.repeat_interleave(groups, 1).double()
+    if mask is None and causal and q.shape[2] > 1:
+        k, v = k[:, :, : q.shape[2]], v[:, :, : q.shape[2]]
+        out = F.scaled_dot_product_attention(q.double(), k, v, is_causal=True, scale=scale)
+    else:
+        attn_mask = None if mask is None else mask if mask.dtype == torch.bool else mask.double()
+        out = F.scaled_dot_product_attention(q.double(), k, v, attn_mask=attn_mask, scale=scale)
+    return out.transpose(1, 2)
+
+
+def visibility(queries: int, keys: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    seen = torch.rand(queries, keys, generator=generator) > 0.3
+    seen[:, 0] = True
+    return seen
+
+
+ATTENTION_CASES = [
+    (queries, keys, kind)
+    for queries, keys in [(1, 300), (5, 40), (12, 12), (80, 300)]
+    for kind in ["none", "causal", "additive", "boolean"]
+    if kind != "causal" or queries == keys  # causal without a mask: a prompt over an empty cache
+]
+
+
+@pytest.mark.parametrize(("queries", "keys", "mask_kind"), ATTENTION_CASES)
+def test_row_attention_is_scaled_dot_product_attention(queries, keys, mask_kind):
+    """Grouped heads (9 query heads over 3), no mask, causal, an additive mask with the float
+    minimum where hidden (as tr builds them) and a boolean one (as transformers builds them)."""
+    torch.manual_seed(queries + keys)
+    q, k, v = torch.randn(1, 9, queries, 64), torch.randn(1, 3, keys, 64), torch.randn(1, 3, keys, 64)
+    seen = visibility(queries, keys, 0)
+    mask = {
+        "additive": torch.zeros(1, 1, queries, keys).masked_fill(~seen, torch.finfo(torch.float32).min),
+        "boolean": seen[None, None],
+    }.get(mask_kind)
+    got = torch.ops.tr_kernels.row_attention(q, k, v, mask, 0.125, mask_kind == "causal")
+    assert torch.allclose(got.double(), sdpa_reference(q, k, v, mask, 0.125, mask_kind == "causal"), atol=2e-6)
+
+
+def test_a_query_row_is_the_same_alone_and_over_the_compacted_keys():
+    """What tree verification needs: a row's output does not depend on the other queries of the
+    call, nor on hidden keys between the ones it sees (a tree's siblings), bit for bit."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, 9, 7, 64), torch.randn(1, 3, 50, 64), torch.randn(1, 3, 50, 64)
+    seen = visibility(7, 50, 1)
+    mask = torch.zeros(1, 1, 7, 50).masked_fill(~seen, torch.finfo(torch.float32).min)
+    attention = torch.ops.tr_kernels.row_attention
+    together = attention(q, k, v, mask, 0.125, False)
+    for row in range(7):
+        query = q[:, :, row : row + 1]
+        assert torch.equal(attention(query, k, v, mask[:, :, row : row + 1], 0.125, False), together[:, row : row + 1])
+        keep = seen[row].nonzero()[:, 0]
+        compact = attention(query, k[:, :, keep], v[:, :, keep], None, 0.125, False)
+        assert torch.equal(compact, together[:, row : row + 1])
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_models_on_tr_kernels_take_the_row_attention_where_it_fits(arch):
+    model = tiny_model(arch)
+    before = model.config._attn_implementation
+    quantize(model, WeightsMode.parse("int4"))
+    expected = "tr_rows" if arch in ("llama", "qwen2", "qwen2-swa", "mistral") else before
+    assert model.config._attn_implementation == expected
+    bf16 = tiny_model(arch, dtype=torch.bfloat16)
+    quantize(bf16, WeightsMode.parse("int4"))  # torch's kernels: transformers' attention stays
+    assert bf16.config._attn_implementation == before
