@@ -55,6 +55,13 @@ _INT4_ROWS = 16  # the CPU int4 packing takes output sizes divisible by 16
 _INT4_INNER_TILES = 2
 
 
+def _groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(out, in) weights as (out, in / 32, 32) groups of inputs, with each group's minimum and maximum."""
+    out_features, in_features = weight.shape
+    groups = weight.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
+    return groups, groups.amin(dim=-1), groups.amax(dim=-1)
+
+
 class _QuantizedLinear(nn.Module):
     """y = x Wᵀ + b with W quantized; subclasses hold W and call their kernel in `_matmul`."""
 
@@ -159,8 +166,7 @@ class Int4Linear(_QuantizedLinear):
     @staticmethod
     def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
         out_features, in_features = weight.shape
-        groups = weight.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
-        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        groups, low, high = _groups(weight)
         scales = ((high - low) / 15).clamp(min=torch.finfo(torch.float32).tiny)
         levels = ((groups - low[..., None]) / scales[..., None]).round().clamp(0, 15)
         levels = levels.to(torch.int32).reshape(out_features, in_features)
@@ -235,9 +241,7 @@ class Q4Linear(_NativeLinear):
 
     @staticmethod
     def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        out_features, in_features = weight.shape
-        groups = weight.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
-        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        groups, low, high = _groups(weight)
         steps, minimums = _float16((high - low) / 15), _float16(low)
         # Levels against the float16 values the kernel uses: a Q4_1 tensor's own levels come back.
         step = steps.float().masked_fill(steps == 0, 1)[..., None]
@@ -260,9 +264,8 @@ class Q8Linear(_NativeLinear):
 
     @staticmethod
     def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        out_features, in_features = weight.shape
-        groups = weight.reshape(out_features, in_features // INT4_GROUP, INT4_GROUP)
-        steps = _float16(groups.abs().amax(dim=-1) / 127)
+        groups, low, high = _groups(weight)
+        steps = _float16(torch.maximum(-low, high) / 127)
         step = steps.float().masked_fill(steps == 0, 1)[..., None]
         levels = (groups / step).round().clamp(-127, 127).to(torch.int8)
         return {"levels": levels.contiguous(), "steps": _padded_groups(steps)}
