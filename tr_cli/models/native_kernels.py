@@ -110,13 +110,20 @@ def _build(library: Path) -> None:
     import torch
     from torch.utils import cpp_extension
 
-    library.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        library.parent.mkdir(parents=True, exist_ok=True)
+        scratch_dir = tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-")
+    except OSError as exc:
+        raise KernelBuildError(
+            f"cannot write tr's kernels to {library.parent} ({exc.strerror}); "
+            "make it writable or point TR_HOME elsewhere"
+        ) from None
     abi = f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"
     includes = [f"-I{path}" for path in cpp_extension.include_paths()]
     libraries = [f"-L{path}" for path in cpp_extension.library_paths()]
     rpaths = [f"-Wl,-rpath,{path}" for path in cpp_extension.library_paths()]
     cxx = compiler()
-    with tempfile.TemporaryDirectory(dir=library.parent, prefix=".build-") as scratch:
+    with scratch_dir as scratch:
         objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
         out = Path(scratch) / _LIBRARY
         compile_steps = [

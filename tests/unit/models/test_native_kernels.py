@@ -227,3 +227,10 @@ def test_models_on_tr_kernels_take_the_row_attention_where_it_fits(arch):
     bf16 = tiny_model(arch, dtype=torch.bfloat16)
     quantize(bf16, WeightsMode.parse("int4"))  # torch's kernels: transformers' attention stays
     assert bf16.config._attn_implementation == before
+
+
+def test_a_cache_dir_that_cannot_be_written_is_said_in_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(native_kernels.KernelBuildError, match=r"cannot write tr's kernels to .*file"):
+        native_kernels._build(blocker / "key" / "tr_kernels.so")
