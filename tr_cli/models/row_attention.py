@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..core.forward import LLAMA_FAMILY, ROW_ATTENTION
+from .runtime import NATIVE_DTYPE
 
 _registered = False
 
@@ -50,7 +51,7 @@ def supports(model: torch.nn.Module) -> bool:
         return False
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    return head_dim % 8 == 0 and head_dim <= 256 and next(model.parameters()).dtype == torch.float32
+    return head_dim % 8 == 0 and head_dim <= 256 and next(model.parameters()).dtype == NATIVE_DTYPE
 
 
 def use_row_attention(model: torch.nn.Module) -> bool:

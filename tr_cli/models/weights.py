@@ -47,7 +47,7 @@ from ..errors import SettingError
 from . import native_kernels
 from .device import dtype_name
 from .row_attention import use_row_attention
-from .runtime import QUANTIZED_DTYPE
+from .runtime import NATIVE_DTYPE, QUANTIZED_DTYPE
 from .weights_mode import DENSE, WeightsMode
 
 INT4_GROUP = 32
@@ -211,7 +211,7 @@ class _NativeLinear(_QuantizedLinear):
     """A layer on tr's kernels (native_kernels.py): float32 in and out, groups of 32 inputs, every
     row computed alone (so row views and tree rows are exact)."""
 
-    compute_dtype = torch.float32
+    compute_dtype = NATIVE_DTYPE
     rows_exact = True
 
     @staticmethod
@@ -225,7 +225,7 @@ class _NativeLinear(_QuantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One kernel call (it flattens the rows, adds the bias, shapes the output): ~120 calls a
         # step, where each Python line costs a microsecond or more.
-        return self._linear(x if x.dtype is torch.float32 else x.float(), self.bias)
+        return self._linear(x if x.dtype is NATIVE_DTYPE else x.to(NATIVE_DTYPE), self.bias)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, None)
@@ -274,10 +274,10 @@ class Q8Linear(_NativeLinear):
         return torch.ops.tr_kernels.int8_mm(x, self.levels, self.steps, bias)
 
 
-# The layers by the model's dtype, then by mode: (int8 kind, int4 kind).
+# The layer class by the model's dtype (which picks the kernels, Runtime.resolve), then by mode.
 _KINDS = {
     QUANTIZED_DTYPE: {"int8": Int8Linear, "int4": Int4Linear},
-    torch.float32: {"int8": Q8Linear, "int4": Q4Linear},
+    NATIVE_DTYPE: {"int8": Q8Linear, "int4": Q4Linear},
 }
 
 # Sibling projections reading the same input, as Llama-family layers name them, and the attribute
@@ -312,7 +312,7 @@ def layer_kinds(dtype: torch.dtype, mode: WeightsMode) -> tuple[type[_QuantizedL
         raise SettingError(
             "dtype", dtype_name(dtype), f"{mode} weights run on float32 (tr's kernels) or bfloat16 models"
         )
-    if dtype == torch.float32:
+    if dtype == NATIVE_DTYPE:
         if mode.bf16_prompts:
             raise SettingError("weights", mode, "keeps bfloat16 prompt weights: load the model in bfloat16")
         if not native_kernels.loaded():
