@@ -39,6 +39,17 @@ FUSED_GATE_UP = "fused_gate_up"
 # own, and tr's row-exact one (models/row_attention.py registers it under this name).
 ROW_ATTENTION = "tr_rows"
 _ATTENTION_KERNELS = ("sdpa", "eager", ROW_ATTENTION)
+# A callable a model may carry (models/fused_layers.py sets it where every layer is fused) running all
+# decoder layers and the final norm in one call: (hidden (1, T, H), cos, sin, masks: one per layer or
+# one for all, cache: CompactingCache) -> the final norm's output. The direct path calls it in place of
+# the layers; it computes what they compute, bit for bit.
+WHOLE_STEP = "tr_whole_step"
+
+
+class WholeAttention(torch.nn.Module):
+    """An attention module that computes its projections, rotary embedding and cache update itself,
+    called with the model's own arguments (hidden states, position_embeddings, attention_mask, cache);
+    returns (output, None). The direct path calls it as the model does (models/fused_layers.py)."""
 
 
 class ModelForward:
@@ -79,12 +90,13 @@ class LlamaFamilyForward:
         self.norm = body.norm
         self.head = model.lm_head
         # The rotary and attention functions the model's own attention calls, looked up as it does.
-        family = sys.modules[type(self.layers[0].self_attn).__module__]
+        family = sys.modules[type(self.layers[0]).__module__]
         self.apply_rotary: Callable = family.apply_rotary_pos_emb
         self.attention: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             model.config._attn_implementation, family.eager_attention_forward
         )
         self.layer_types = getattr(model.config, "layer_types", None)
+        self.whole_step: Callable | None = getattr(model, WHOLE_STEP, None)
 
     @staticmethod
     def supports(model: torch.nn.Module) -> bool:
@@ -100,7 +112,7 @@ class LlamaFamilyForward:
             return False
         body = getattr(model, "model", None)
         parts = all(hasattr(body, part) for part in ("embed_tokens", "rotary_emb", "layers", "norm"))
-        family = sys.modules.get(type(body.layers[0].self_attn).__module__) if parts and len(body.layers) else None
+        family = sys.modules.get(type(body.layers[0]).__module__) if parts and len(body.layers) else None
         functions = all(hasattr(family, f) for f in ("apply_rotary_pos_emb", "eager_attention_forward"))
         return parts and functions and hasattr(model, "lm_head")
 
@@ -109,11 +121,19 @@ class LlamaFamilyForward:
     ) -> torch.Tensor:
         hidden = self.embed(input_ids[None])
         cos, sin = self.rotary(hidden, positions[None])
+        if self.whole_step is not None:
+            masks = [mask[kind] for kind in self.layer_types] if isinstance(mask, dict) else [mask]
+            return self.head(self.whole_step(hidden, cos, sin, masks, cache))[0]
         count = input_ids.shape[0]
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
             layer_mask = mask[self.layer_types[index]] if isinstance(mask, dict) else mask
             states = layer.input_layernorm(hidden)
+            if isinstance(attention, WholeAttention):
+                output, _ = attention(states, position_embeddings=(cos, sin), attention_mask=layer_mask, cache=cache)
+                hidden = hidden + output
+                hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
+                continue
             shape = (1, count, -1, attention.head_dim)
             fused = getattr(attention, FUSED_QKV, None)
             if fused is not None:  # one matmul for q, k and v (models/weights.py keeps it)

@@ -108,6 +108,28 @@ class CompactingCache(Cache):
         for layer in self.layers:
             layer.keep(start, offsets)
 
+    def open_rows(
+        self, layers: int, count: int, like: torch.Tensor
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+        """For a forward that writes `count` new positions into every one of `layers` layers itself (a
+        whole step in one call, models/fused_layers.py): each layer's key and value buffers, (1, kv heads,
+        capacity, head dim) with room for them, and the position the new rows start at. `like`: a
+        (1, kv heads, any, head dim) tensor of the cache's dtype and device. Call `advance(count)` once
+        they are written."""
+        while len(self.layers) < layers:
+            self.layers.append(CompactingLayer())
+        for layer in self.layers:
+            if not layer.is_initialized:
+                layer.lazy_initialization(like, like)
+            layer._reserve(layer.length + count)
+        return [layer._keys for layer in self.layers], [layer._values for layer in self.layers], self.length
+
+    def advance(self, count: int) -> None:
+        """The `count` rows after the cached ones, written through `open_rows`, are now cached."""
+        for layer in self.layers:
+            layer.length += count
+            layer._expose()
+
     def truncate(self, length: int) -> None:
         """Keep only the first `length` positions in every layer."""
         for layer in self.layers:

@@ -1,5 +1,6 @@
-"""tr's own kernels, compiled for this machine on first use: int4/int8 matmuls (quantized_matmul.cpp)
-and the row-exact attention that goes with them (row_attention.cpp, row_attention.py).
+"""tr's own kernels, compiled for this machine on first use: int4/int8 matmuls (quantized_matmul.cpp),
+the row-exact attention that goes with them (row_attention.cpp, row_attention.py) and a Llama-family
+layer's parts built on both (fused_layers.cpp, fused_layers.py).
 
 torch's weight-only CPU kernels take bfloat16 activations and cost about one extra token per row
 on AVX2 CPUs, so a draft tree costs what decoding its tokens one by one costs. tr's kernels
@@ -27,7 +28,11 @@ from ..errors import ModelError
 from .cpu import cpu_flags
 from .progress import Status, quiet
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("quantized_matmul.cpp", "row_attention.cpp"))
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("quantized_matmul.cpp", "row_attention.cpp", "fused_layers.cpp", "fused_step.cpp")
+)
+HEADERS = (Path(__file__).with_name("tr_kernels.h"),)
 NEEDED_FLAGS = ("avx2", "fma", "f16c")
 # OpenMP for at::parallel_for (torch's thread pool); the library links to no OpenMP runtime of its
 # own: its GOMP symbols resolve to the one torch already loaded, so both share one pool of threads.
@@ -96,7 +101,7 @@ def load(directory: Path, status: Status = quiet) -> Path:
 def _build_key(torch_version: str) -> str:
     """The build's folder name: what the library depends on (source, torch, compiler, flags)."""
     digest = hashlib.sha256()
-    sources = tuple(source.read_bytes() for source in SOURCES)
+    sources = tuple(source.read_bytes() for source in (*SOURCES, *HEADERS))
     parts = (*sources, torch_version.encode(), str(compiler()).encode(), " ".join(_COMPILE_FLAGS).encode())
     for part in parts:
         digest.update(part)

@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include "tr_kernels.h"
 #include <algorithm>
 #include <torch/library.h>
 #include <immintrin.h>
@@ -71,12 +72,6 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int64_t GP, int8_t* a, 
   }
 }
 
-inline float hsum(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
-}
 
 // Int4 weights: column n, group g: 16 bytes, byte i = level of k=i (low nibble) and k=i+16 (high);
 // steps and minimums as float16 (N, G).
@@ -149,7 +144,7 @@ inline void tile(const Activations& x, const W& w, int64_t m0, int64_t n0, int64
     }
   }
   UNROLL for (int m = 0; m < MR; ++m) UNROLL for (int c = 0; c < NC; ++c)
-    out[(m0 + m) * N + n0 + c] = hsum(acc[m][c]) + hsum(_mm256_load_ps(mins[m][c]));
+    out[(m0 + m) * N + n0 + c] = tr::hsum(acc[m][c]) + tr::hsum(_mm256_load_ps(mins[m][c]));
 }
 
 template <class W, int NC>
@@ -228,6 +223,15 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d
 }
 
 }  // namespace
+
+at::Tensor tr::quantized_linear(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& steps,
+                                const c10::optional<at::Tensor>& minimums, const c10::optional<at::Tensor>& bias) {
+  if (levels.scalar_type() == at::kByte) {
+    TORCH_CHECK(minimums.has_value() && minimums->defined(), "int4 weights need their minimums");
+    return int4_mm(x, levels, steps, *minimums, bias);
+  }
+  return int8_mm(x, levels, steps, bias);
+}
 
 TORCH_LIBRARY(tr_kernels, m) {
   m.def("int4_mm(Tensor x, Tensor q, Tensor d, Tensor mn, Tensor? bias=None) -> Tensor");

@@ -14,48 +14,23 @@
 #include <cmath>
 #include <limits>
 #include <vector>
+#include "tr_kernels.h"
 
 namespace {
 
 constexpr int64_t kMaxDim = 256;  // head dims up to this (every Llama-family model's is 64-256)
 
-// e^x for 8 floats (Cephes' expf: range reduction by ln 2, degree-5 polynomial; ~1 ulp), the same
-// bits for the same input wherever it runs, which is all the softmax needs.
-inline __m256 exp8(__m256 x) {
-  const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(-88.3762626647949f);
-  x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-  __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-  fx = _mm256_floor_ps(fx);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  const __m256 z = _mm256_mul_ps(x, x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, z, _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-  const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(0x7f)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(pow2));
-}
-
 inline __m256 weights8(__m256 x) {
   const __m256 gone = _mm256_cmp_ps(x, _mm256_set1_ps(-88.3762626647949f), _CMP_LT_OQ);  // also -inf
-  return _mm256_blendv_ps(exp8(x), _mm256_setzero_ps(), gone);
+  return _mm256_blendv_ps(tr::exp8(x), _mm256_setzero_ps(), gone);
 }
 
-inline float hsum(__m256 v) {
-  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  h = _mm_add_ss(h, _mm_movehdup_ps(h));
-  return _mm_cvtss_f32(h);
-}
 
-// q (B=1, H, Q, D), k/v (1, KVH, L, D), mask (1, 1|H, Q, L) float (added) or bool (true: visible), or
-// none: every key visible (causal: key j visible to query i iff j <= i, keys cut to Q as transformers'
-// SDPA path does). Output (1, Q, H, D). Each (head, query) row alone, keys in order.
-at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+}  // namespace
+
+// No mask: every key visible (causal: key j visible to query i iff j <= i, keys cut to Q as
+// transformers' SDPA path does).
+at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const c10::optional<at::Tensor>& mask_in, double scale, bool causal) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(0) == 1, "q, k, v: (1, heads, tokens, dim)");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "float32");
@@ -106,7 +81,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
         const float* kj = kb + j * ks2;
         __m256 acc = _mm256_setzero_ps();
         for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(kj + d), acc);
-        const float s = hsum(acc) * fscale + add;
+        const float s = tr::hsum(acc) * fscale + add;
         e[j] = s;
         top = std::max(top, s);
       }
@@ -142,9 +117,7 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return out;
 }
 
-}  // namespace
-
 TORCH_LIBRARY_FRAGMENT(tr_kernels, m) {
   m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool causal) -> Tensor");
 }
-TORCH_LIBRARY_IMPL(tr_kernels, CPU, m) { m.impl("row_attention", &row_attention); }
+TORCH_LIBRARY_IMPL(tr_kernels, CPU, m) { m.impl("row_attention", &tr::row_attention); }

@@ -46,6 +46,7 @@ from ..core.step_scope import in_decoding_step
 from ..errors import SettingError
 from . import native_kernels
 from .device import dtype_name
+from .fused_layers import fuse_layers
 from .row_attention import use_row_attention
 from .runtime import NATIVE_DTYPE, QUANTIZED_DTYPE
 from .weights_mode import DENSE, WeightsMode
@@ -230,6 +231,11 @@ class _NativeLinear(_QuantizedLinear):
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, None)
 
+    def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """What tr's kernels take for this layer (fused_layers.py passes them on): levels, steps,
+        minimums (int4 only), bias."""
+        return self.levels, self.steps, getattr(self, "minimums", None), self.bias
+
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
@@ -325,7 +331,8 @@ def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
     in place, on the kernels its dtype runs (layer_kinds); the rest stays as loaded (float32 buffers
     such as the rotary frequencies included). A `+bf16` mode keeps each layer's bfloat16 weight for
     prompts (the tensor itself, not a copy, where the layer is not fused). A model on tr's kernels
-    also takes tr's row-exact attention where it can (row_attention.py)."""
+    also takes tr's row-exact attention where it can (row_attention.py), and then its layers' fused
+    norms, attention and MLP (fused_layers.py)."""
     if mode.dense:
         return Quantized(mode, 0, 0)
     kind, head_kind = layer_kinds(next(model.parameters()).dtype, mode)
@@ -346,8 +353,8 @@ def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
         layer.head = module is head
         setattr(parent, child, layer)
         layers += 1
-    if issubclass(kind, _NativeLinear):
-        use_row_attention(model)
+    if issubclass(kind, _NativeLinear) and use_row_attention(model):
+        fuse_layers(model)
     return Quantized(mode, layers, kept)
 
 

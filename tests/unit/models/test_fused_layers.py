@@ -1,0 +1,162 @@
+"""A Llama-family layer on tr's kernels as a few calls (models/fused_layers.py, fused_layers.cpp): taken
+where it applies, the same function as the model's own modules on the same quantized weights, each row
+computed alone, and the direct forward equal to the model's own (tree == generate: test_native_kernels)."""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tr_cli.core.attention import AttentionLayout, causal_visibility
+from tr_cli.core.forward import WHOLE_STEP, LlamaFamilyForward, ModelForward
+from tr_cli.core.kv_cache import CompactingCache
+from tr_cli.models import weights
+from tr_cli.models.fused_layers import FusedAttention, FusedMLP, FusedRMSNorm
+from tr_cli.models.weights import Q4Linear, quantize
+from tr_cli.models.weights_mode import WeightsMode
+
+from tiny_models import ARCHITECTURES, COMMON, random_prompt, tiny_model
+
+pytestmark = pytest.mark.usefixtures("tr_kernels")
+
+FUSED_ARCHS = ("llama", "qwen2", "qwen2-swa", "mistral")
+
+
+def biased_llama() -> torch.nn.Module:
+    """Llama with biases on every projection (attention_bias, mlp_bias), which the fused calls add."""
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, attention_bias=True, mlp_bias=True, **COMMON))
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, 0.1)
+    return model.eval()
+
+
+def unfused(model: torch.nn.Module, mode: str, monkeypatch) -> torch.nn.Module:
+    """`model` quantized as `quantize` does, without the fused layers."""
+    with monkeypatch.context() as patch:
+        patch.setattr(weights, "fuse_layers", lambda model: 0)
+        quantize(model, WeightsMode.parse(mode))
+    return model
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_fused_layers_are_taken_where_they_apply(arch):
+    model = tiny_model(arch)
+    quantize(model, WeightsMode.parse("int4"))
+    layers = model.model.layers if hasattr(model, "model") and hasattr(model.model, "layers") else []
+    fused = [isinstance(layer.self_attn, FusedAttention) for layer in layers]
+    assert all(fused) if arch in FUSED_ARCHS else not any(fused)
+    if arch in FUSED_ARCHS:
+        layer = layers[0]
+        assert isinstance(layer.mlp, FusedMLP) and isinstance(layer.input_layernorm, FusedRMSNorm)
+        assert isinstance(model.model.norm, FusedRMSNorm)
+    bf16 = tiny_model(arch, dtype=torch.bfloat16)
+    quantize(bf16, WeightsMode.parse("int4"))  # torch's kernels: the model's own modules stay
+    assert not any(isinstance(module, FusedAttention) for module in bf16.modules())
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+@pytest.mark.parametrize("arch", [*FUSED_ARCHS, "biased-llama"])
+def test_fused_layers_compute_what_the_models_modules_compute(arch, mode, monkeypatch):
+    """Same quantized weights, fused or not: the logits agree to float32 rounding (the fused calls
+    round differently, not compute something else: a wrong rotary half, gate/up order or bias would
+    move them by far more)."""
+    build = biased_llama if arch == "biased-llama" else (lambda: tiny_model(arch))
+    fused, plain = build(), unfused(build(), mode, monkeypatch)
+    quantize(fused, WeightsMode.parse(mode))
+    assert isinstance(fused.model.layers[0].self_attn, FusedAttention)
+    assert not isinstance(plain.model.layers[0].self_attn, FusedAttention)
+    ids = torch.tensor([random_prompt(24, 3)])
+    with torch.inference_mode():
+        mine, theirs = fused(ids).logits, plain(ids).logits
+    assert theirs.abs().max() > 0.1  # the comparison means something
+    torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-4 * theirs.abs().max().item())
+
+
+def test_each_row_of_a_fused_call_is_computed_alone():
+    """rms_norm, attention_in and silu_mlp: a row gives the same bits alone or among others."""
+    torch.manual_seed(0)
+    ops = torch.ops.tr_kernels
+    x = torch.randn(1, 7, 96)
+    weight = torch.randn(96)
+    qkv = Q4Linear.quantized(torch.randn(4 * 16 + 2 * 2 * 16, 96), torch.randn(4 * 16 + 2 * 2 * 16))
+    gate_up, down = Q4Linear.quantized(torch.randn(2 * 64, 96), None), Q4Linear.quantized(torch.randn(96, 64), None)
+    angles = torch.randn(1, 7, 8).repeat(1, 1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    together_norm = ops.rms_norm(x, weight, 1e-6)
+    together_in = ops.attention_in(x, *qkv.operands(), cos, sin, 4, 2)
+    together_mlp = ops.silu_mlp(x, *gate_up.operands(), *down.operands())
+    for row in range(7):
+        part = slice(row, row + 1)
+        assert torch.equal(ops.rms_norm(x[:, part], weight, 1e-6), together_norm[:, part])
+        alone = ops.attention_in(x[:, part], *qkv.operands(), cos[:, part], sin[:, part], 4, 2)
+        assert all(torch.equal(a, t[:, :, part]) for a, t in zip(alone, together_in, strict=True))
+        assert torch.equal(ops.silu_mlp(x[:, part], *gate_up.operands(), *down.operands()), together_mlp[:, part])
+
+
+def test_the_fused_calls_are_the_formulas_they_stand_for():
+    """Against the same steps written with torch ops (rotary: transformers' rotate_half form)."""
+    torch.manual_seed(0)
+    ops = torch.ops.tr_kernels
+    x, weight = torch.randn(1, 5, 64), torch.randn(64)
+    expected = weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    torch.testing.assert_close(ops.rms_norm(x, weight, 1e-5), expected)
+    qkv = Q4Linear.quantized(torch.randn(2 * 16 + 2 * 16, 64), None)
+    angles = torch.randn(1, 5, 8).repeat(1, 1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    q, k, v = ops.attention_in(x, *qkv.operands(), cos, sin, 2, 1)
+    y = qkv(x).view(1, 5, 4, 16).transpose(1, 2)
+
+    def rotary(t: torch.Tensor) -> torch.Tensor:
+        return t * cos[:, None] + torch.cat([-t[..., 8:], t[..., :8]], dim=-1) * sin[:, None]
+
+    torch.testing.assert_close(q, rotary(y[:, :2]))
+    torch.testing.assert_close(k, rotary(y[:, 2:3]))
+    assert torch.equal(v, y[:, 3:])
+    gate_up, down = Q4Linear.quantized(torch.randn(2 * 32, 64), None), Q4Linear.quantized(torch.randn(64, 32), None)
+    gate, up = gate_up(x).split(32, dim=-1)
+    torch.testing.assert_close(
+        ops.silu_mlp(x, *gate_up.operands(), *down.operands()), down(torch.nn.functional.silu(gate) * up)
+    )
+
+
+def test_operands_the_fused_calls_do_not_take_are_refused():
+    ops = torch.ops.tr_kernels
+    with pytest.raises(RuntimeError, match="one value per feature"):
+        ops.rms_norm(torch.randn(2, 64), torch.randn(63), 1e-6)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.rms_norm(torch.randn(2, 64).double(), torch.randn(64), 1e-6)
+    qkv = Q4Linear.quantized(torch.randn(64, 64), None)
+    cos = sin = torch.ones(1, 3, 16)
+    with pytest.raises(RuntimeError, match="heads"):
+        ops.attention_in(torch.randn(1, 3, 64), *qkv.operands(), cos, sin, 2, 2)  # 64 outputs, 6 heads
+    with pytest.raises(RuntimeError, match="cos, sin"):
+        ops.attention_in(torch.randn(1, 3, 64), *qkv.operands(), cos[:, :2], sin[:, :2], 2, 1)
+
+
+@pytest.mark.parametrize("arch", FUSED_ARCHS)
+def test_the_direct_forward_equals_the_models_own_on_fused_layers(arch):
+    """Over a prompt and then a 5-token tree step: tr's direct path (all layers in one call, masks per
+    layer type where the model has several) against the model's forward through its modules."""
+    model = tiny_model(arch)
+    quantize(model, WeightsMode.parse("int4"))
+    direct = LlamaFamilyForward(model)
+    assert LlamaFamilyForward.supports(model) and direct.whole_step is getattr(model, WHOLE_STEP)
+    own = ModelForward(model, "cache")
+    layout = AttentionLayout.from_config(model.config, torch.float32, "cpu")
+    ids = torch.tensor(random_prompt(30, 5))
+    results = []
+    for forward in (direct, own):
+        cache = CompactingCache()
+        positions = torch.arange(25)
+        with torch.inference_mode():
+            first = forward(ids[:25], positions, layout.build(0, positions, causal_visibility(25, "cpu")), cache)
+            positions = torch.tensor([25, 26, 26, 27, 28])
+            visible = torch.tensor(
+                [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+            )
+            second = forward(ids[25:], positions, layout.build(25, positions, visible.bool()), cache)
+        results.append((first, second, cache.length, *[layer.keys.clone() for layer in cache.layers]))
+    mine, theirs = results
+    assert mine[2] == theirs[2] == 30
+    assert all(torch.equal(a, b) for a, b in zip(mine[:2] + mine[3:], theirs[:2] + theirs[3:], strict=True))

@@ -1,0 +1,136 @@
+// All decoder layers of a Llama-family model on tr's kernels, and its final norm, in one call
+// (models/fused_layers.py's FusedStack; core/forward.py's direct path calls it).
+//
+// The fused modules already make a layer five calls; a step still paid ~150 Python calls and the cache's
+// update per layer. Here the weights are gathered once, and a step is one call that runs, for each layer,
+// the very functions the modules call (fused_layers.cpp) with the same inputs, writes the new keys and
+// values into the cache's own buffers where the cache's update would put them, and adds the residuals
+// (a float32 add is one rounding whoever computes it): the same bits as the model's forward through its
+// modules, which is what `generate` runs.
+#include <ATen/core/Tensor.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+#include <cstring>
+#include <vector>
+#include "tr_kernels.h"
+
+namespace {
+
+using Optional = c10::optional<at::Tensor>;
+
+struct Linear {
+  at::Tensor levels, steps;
+  Optional minimums, bias;
+};
+
+struct Layer {
+  at::Tensor input_norm, post_norm;
+  double input_eps = 0, post_eps = 0;
+  Linear qkv, o, gate_up, down;
+};
+
+// Per layer, in the Python side's order: input norm, q/k/v (levels, steps, minimums, bias), o (same),
+// post-attention norm, gate/up (same), down (same).
+constexpr int64_t kPerLayer = 18;
+
+// x += y, elementwise (both contiguous float32 of one shape).
+void add_into(at::Tensor& x, const at::Tensor& y) {
+  float* xp = x.data_ptr<float>();
+  const float* yp = y.data_ptr<float>();
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) xp[i] += yp[i];
+}
+
+// new (1, KVH, T, D) rows into buffer (1, KVH, capacity, D) at positions [start, start + T).
+void write_rows(const at::Tensor& buffer, const at::Tensor& rows, int64_t start) {
+  const int64_t heads = rows.size(1), T = rows.size(2), D = rows.size(3), capacity = buffer.size(2);
+  TORCH_CHECK(buffer.is_contiguous() && buffer.dim() == 4 && buffer.size(1) == heads && buffer.size(3) == D &&
+                  start + T <= capacity && buffer.scalar_type() == at::kFloat,
+              "cache buffers: contiguous float32 (1, kv_heads, capacity, head_dim) with room for the new rows");
+  const float* src = rows.data_ptr<float>();
+  float* dst = buffer.data_ptr<float>();
+  for (int64_t h = 0; h < heads; ++h)
+    std::memcpy(dst + (h * capacity + start) * D, src + h * T * D, sizeof(float) * T * D);
+}
+
+class FusedStack : public torch::CustomClassHolder {
+ public:
+  FusedStack(c10::List<Optional> tensors, std::vector<double> eps, int64_t heads, int64_t kv_heads, double scale,
+             bool causal)
+      : heads_(heads), kv_heads_(kv_heads), scale_(scale), causal_(causal) {
+    const int64_t count = static_cast<int64_t>(tensors.size());
+    TORCH_CHECK(count % kPerLayer == 1 && count > 1, "tensors: ", kPerLayer, " per layer, then the final norm");
+    const int64_t layers = count / kPerLayer;
+    TORCH_CHECK(static_cast<int64_t>(eps.size()) == 2 * layers + 1, "eps: two per layer, then the final norm's");
+    auto required = [&](int64_t i) {
+      const Optional t = tensors.get(i);
+      TORCH_CHECK(t.has_value() && t->defined(), "tensor ", i, " is required");
+      return *t;
+    };
+    auto linear = [&](int64_t i) { return Linear{required(i), required(i + 1), tensors.get(i + 2), tensors.get(i + 3)}; };
+    for (int64_t l = 0; l < layers; ++l) {
+      const int64_t at = l * kPerLayer;
+      Layer layer;
+      layer.input_norm = required(at);
+      layer.qkv = linear(at + 1);
+      layer.o = linear(at + 5);
+      layer.post_norm = required(at + 9);
+      layer.gate_up = linear(at + 10);
+      layer.down = linear(at + 14);
+      layer.input_eps = eps[2 * l];
+      layer.post_eps = eps[2 * l + 1];
+      layers_.push_back(std::move(layer));
+    }
+    final_norm_ = required(count - 1);
+    final_eps_ = eps.back();
+  }
+
+  // hidden (1, T, hidden) embeddings; cos/sin (1, T, head_dim); masks one per layer or one for all (each
+  // (1, 1|H, T, length + T) or none); keys/values each layer's cache buffers, the new rows going to
+  // [length, length + T). Returns the final norm's output (1, T, hidden).
+  at::Tensor step(const at::Tensor& hidden, const at::Tensor& cos, const at::Tensor& sin, c10::List<Optional> masks,
+                  std::vector<at::Tensor> keys, std::vector<at::Tensor> values, int64_t length) {
+    const int64_t layers = static_cast<int64_t>(layers_.size());
+    TORCH_CHECK(static_cast<int64_t>(keys.size()) == layers && static_cast<int64_t>(values.size()) == layers,
+                "keys, values: one buffer per layer");
+    TORCH_CHECK(masks.size() == 1 || static_cast<int64_t>(masks.size()) == layers, "masks: one, or one per layer");
+    TORCH_CHECK(hidden.dim() == 3 && hidden.size(0) == 1 && hidden.scalar_type() == at::kFloat,
+                "hidden: float32 (1, tokens, hidden)");
+    const int64_t T = hidden.size(1);
+    at::Tensor x = hidden.contiguous().clone();
+    for (int64_t l = 0; l < layers; ++l) {
+      const Layer& layer = layers_[l];
+      const at::Tensor normed = tr::rms_norm(x, layer.input_norm, layer.input_eps);
+      const auto [q, k, v] = tr::attention_in(normed, layer.qkv.levels, layer.qkv.steps, layer.qkv.minimums,
+                                              layer.qkv.bias, cos, sin, heads_, kv_heads_);
+      write_rows(keys[l], k, length);
+      write_rows(values[l], v, length);
+      const Optional mask = masks.get(masks.size() == 1 ? 0 : l);
+      const at::Tensor attended =
+          tr::attention_out(q, keys[l].narrow(2, 0, length + T), values[l].narrow(2, 0, length + T), mask, scale_,
+                            causal_, layer.o.levels, layer.o.steps, layer.o.minimums, layer.o.bias);
+      add_into(x, attended);
+      const at::Tensor mlp = tr::silu_mlp(tr::rms_norm(x, layer.post_norm, layer.post_eps), layer.gate_up.levels,
+                                          layer.gate_up.steps, layer.gate_up.minimums, layer.gate_up.bias,
+                                          layer.down.levels, layer.down.steps, layer.down.minimums, layer.down.bias);
+      add_into(x, mlp);
+    }
+    return tr::rms_norm(x, final_norm_, final_eps_);
+  }
+
+ private:
+  std::vector<Layer> layers_;
+  at::Tensor final_norm_;
+  double final_eps_ = 0;
+  int64_t heads_, kv_heads_;
+  double scale_;
+  bool causal_;
+};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(tr_kernels, m) {
+  m.class_<FusedStack>("FusedStack")
+      .def(torch::init<c10::List<Optional>, std::vector<double>, int64_t, int64_t, double, bool>())
+      .def("step", &FusedStack::step);
+}
