@@ -50,33 +50,50 @@ class CompactingLayer(CacheLayerMixin):
         self._keys[:, :, self.length : self.length + n] = key_states
         self._values[:, :, self.length : self.length + n] = value_states
         self.length += n
-        self._expose()
         return self.keys, self.values
 
-    def _expose(self) -> None:
-        self.keys = self._keys[:, :, : self.length]
-        self.values = self._values[:, :, : self.length]
+    # The cached rows as views, made when read: a step that writes through open_rows and compacts
+    # never reads them, and making 60 views a step cost ~0.5 ms on a slow CPU.
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return None if self._keys is None else self._keys[:, :, : self.length]
 
-    def keep(self, start: int, offsets: torch.Tensor) -> None:
-        """Keep rows [0, start) plus rows start+offsets (ascending), moved to start, start+1, ..."""
+    @keys.setter
+    def keys(self, value: torch.Tensor | None) -> None:
+        self._refuse_replacement(value)
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        return None if self._values is None else self._values[:, :, : self.length]
+
+    @values.setter
+    def values(self, value: torch.Tensor | None) -> None:
+        self._refuse_replacement(value)
+
+    @staticmethod
+    def _refuse_replacement(value: torch.Tensor | None) -> None:
+        """CacheLayerMixin's __init__ sets them to None (nothing to do); moving them elsewhere
+        (transformers' offloading) is not something this cache does."""
+        if value is not None:
+            raise NotImplementedError("a compacting cache keeps its rows in its own buffers")
+
+    def keep(self, start: int, rows: torch.Tensor) -> None:
+        """Keep rows [0, start) plus `rows` (absolute positions, ascending, on the cache's device),
+        moved to start, start+1, ..."""
         if not self.is_initialized:
             return
-        count = offsets.shape[0]
+        count = rows.shape[0]
         if count:
-            idx = offsets.to(self.device) + start
             # Advanced indexing copies the source rows first, so overlapping moves are safe.
-            self._keys[:, :, start : start + count] = self._keys[:, :, idx]
-            self._values[:, :, start : start + count] = self._values[:, :, idx]
+            self._keys[:, :, start : start + count] = self._keys[:, :, rows]
+            self._values[:, :, start : start + count] = self._values[:, :, rows]
         self.length = start + count
-        self._expose()
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove > 0:  # transformers' legacy form: the size to keep
             self.length = min(self.length, tokens_to_remove)
         elif tokens_to_remove < 0:
             self.length = max(0, self.length + tokens_to_remove)
-        if self.is_initialized:
-            self._expose()
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.length + query_length, 0
@@ -89,8 +106,6 @@ class CompactingLayer(CacheLayerMixin):
 
     def reset(self) -> None:
         self.length = 0
-        if self.is_initialized:
-            self._expose()
 
 
 class CompactingCache(Cache):
@@ -105,8 +120,11 @@ class CompactingCache(Cache):
 
     def keep(self, start: int, offsets: torch.Tensor) -> None:
         """Drop everything after `start` except the rows at start+offsets, in every layer."""
+        if not self.layers or not self.layers[0].is_initialized:
+            return
+        rows = offsets.to(self.layers[0].device) + start  # once for all layers
         for layer in self.layers:
-            layer.keep(start, offsets)
+            layer.keep(start, rows)
 
     def open_rows(
         self, layers: int, count: int, like: torch.Tensor
@@ -128,9 +146,8 @@ class CompactingCache(Cache):
         """The `count` rows after the cached ones, written through `open_rows`, are now cached."""
         for layer in self.layers:
             layer.length += count
-            layer._expose()
 
     def truncate(self, length: int) -> None:
         """Keep only the first `length` positions in every layer."""
         for layer in self.layers:
-            layer.keep(length, torch.empty(0, dtype=torch.long))
+            layer.length = min(layer.length, length)
