@@ -112,7 +112,6 @@ template <class W, int MR, int NC>
 inline void tile(const Activations& x, const W& w, int64_t m0, int64_t n0, int64_t N, float* out) {
   const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MR][NC];
-  alignas(32) float mins[MR][NC][8] = {};
   UNROLL for (int m = 0; m < MR; ++m) UNROLL for (int c = 0; c < NC; ++c) acc[m][c] = _mm256_setzero_ps();
   for (int64_t g0 = 0; g0 < w.G; g0 += 8) {
     // Eight groups' combined steps d_w * d_x per (row, column), ahead of the integer work.
@@ -124,7 +123,8 @@ inline void tile(const Activations& x, const W& w, int64_t m0, int64_t n0, int64
       UNROLL for (int m = 0; m < MR; ++m) {
         _mm256_store_ps(scale[m][c], _mm256_mul_ps(dw, _mm256_loadu_ps(x.d + (m0 + m) * x.GP + g0)));
         if constexpr (W::kMin)
-          _mm256_store_ps(mins[m][c], _mm256_fmadd_ps(mw, _mm256_loadu_ps(x.s + (m0 + m) * x.GP + g0), _mm256_load_ps(mins[m][c])));
+          // The minimums' part (min_w d_x sum(a) of eight groups) goes into the same sum: one sum per output.
+          acc[m][c] = _mm256_fmadd_ps(mw, _mm256_loadu_ps(x.s + (m0 + m) * x.GP + g0), acc[m][c]);
       }
     }
     const int64_t g1 = std::min<int64_t>(g0 + 8, w.G);
@@ -144,7 +144,7 @@ inline void tile(const Activations& x, const W& w, int64_t m0, int64_t n0, int64
     }
   }
   UNROLL for (int m = 0; m < MR; ++m) UNROLL for (int c = 0; c < NC; ++c)
-    out[(m0 + m) * N + n0 + c] = tr::hsum(acc[m][c]) + tr::hsum(_mm256_load_ps(mins[m][c]));
+    out[(m0 + m) * N + n0 + c] = tr::hsum(acc[m][c]);
 }
 
 template <class W, int NC>

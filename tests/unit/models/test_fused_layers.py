@@ -58,9 +58,9 @@ def test_the_fused_layers_are_taken_where_they_apply(arch):
 @pytest.mark.parametrize("mode", ["int4", "int8"])
 @pytest.mark.parametrize("arch", [*FUSED_ARCHS, "biased-llama"])
 def test_fused_layers_compute_what_the_models_modules_compute(arch, mode, monkeypatch):
-    """Same quantized weights, fused or not: the logits agree to float32 rounding (the fused calls
-    round differently, not compute something else: a wrong rotary half, gate/up order or bias would
-    move them by far more)."""
+    """Same quantized weights, fused or not: the logits agree to float32 rounding. The fused calls
+    round differently, and where that moves an activation across half an int8 step a few logits
+    move by up to ~1 %; a wrong rotary half, gate/up order or bias would move nearly all of them."""
     build = biased_llama if arch == "biased-llama" else (lambda: tiny_model(arch))
     fused, plain = build(), unfused(build(), mode, monkeypatch)
     quantize(fused, WeightsMode.parse(mode))
@@ -70,7 +70,10 @@ def test_fused_layers_compute_what_the_models_modules_compute(arch, mode, monkey
     with torch.inference_mode():
         mine, theirs = fused(ids).logits, plain(ids).logits
     assert theirs.abs().max() > 0.1  # the comparison means something
-    torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-4 * theirs.abs().max().item())
+    scale = theirs.abs().max().item()
+    differences = (mine - theirs).abs()
+    assert differences.median().item() <= 1e-5 * scale
+    assert differences.max().item() <= 1e-2 * scale
 
 
 def test_each_row_of_a_fused_call_is_computed_alone():
