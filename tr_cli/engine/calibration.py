@@ -23,7 +23,9 @@ from .cpu_load import OtherLoad
 # 3: and the forward path (core/forward.py): the direct Llama-family path costs less per step.
 # 4: multi-token steps cost less (core/forward.grouped_sdpa), and `+bf16` weights time their steps
 # on the quantized path (core/step_scope.py).
-CALIBRATION_VERSION = 4
+# 5: models on tr's kernels run fused layers, all layers in one call (models/fused_layers.py): a
+# one-token int4 step on SmolLM2 went from ~20 to ~13 ms, and the trees follow the costs.
+CALIBRATION_VERSION = 5
 # Other processes' CPU use during a measurement above which it is not cached. Measured here: one
 # competing torch process cut one-token decoding from 14.0 to 5.2 tok/s (benchmarks/contention_bench.py).
 BUSY_CORES = 0.5

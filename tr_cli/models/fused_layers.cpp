@@ -71,11 +71,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tr::attention_in(
     const c10::optional<at::Tensor>& bias, const at::Tensor& cos_in, const at::Tensor& sin_in, int64_t heads,
     int64_t kv_heads) {
   TORCH_CHECK(x.dim() == 3 && x.size(0) == 1, "x: (1, tokens, hidden)");
+  TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads: a multiple of kv_heads, both > 0");
   const at::Tensor y = tr::quantized_linear(x, levels, steps, minimums, bias);
   const int64_t T = x.size(1), width = y.size(-1), all_heads = heads + 2 * kv_heads;
   TORCH_CHECK(width % all_heads == 0, "q/k/v outputs: (heads + 2 kv_heads) * head_dim");
   const int64_t D = width / all_heads, half = D / 2;
-  TORCH_CHECK(D % 2 == 0, "head_dim: even");
+  // What the row attention after it takes, checked before the model's cache takes the new rows.
+  TORCH_CHECK(D % 8 == 0 && D <= 256, "head_dim: a multiple of 8, at most 256");
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
   check_float(cos, "cos");
   check_float(sin, "sin");
@@ -129,7 +131,8 @@ at::Tensor tr::silu_mlp(const at::Tensor& x, const at::Tensor& gate_up_levels, c
                     const at::Tensor& down_levels, const at::Tensor& down_steps,
                     const c10::optional<at::Tensor>& down_minimums, const c10::optional<at::Tensor>& down_bias) {
   const at::Tensor gate_up = tr::quantized_linear(x, gate_up_levels, gate_up_steps, gate_up_minimums, gate_up_bias);
-  const int64_t width = gate_up.size(-1), inner = width / 2, rows = gate_up.numel() / width;
+  const int64_t width = gate_up.size(-1), inner = width / 2, rows = gate_up.numel() / std::max<int64_t>(width, 1);
+  TORCH_CHECK(width % 2 == 0, "gate/up outputs: [gate | up], an even count");
   std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
   shape.back() = inner;
   at::Tensor product = at::empty(shape, gate_up.options());

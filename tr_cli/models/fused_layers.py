@@ -9,14 +9,20 @@ same functions and tr stays lossless against `generate` on that model. The decod
 embeddings, the rotary module, the masks and the cache stay the model's.
 
 Taken only where the numbers cannot differ from what the model means: a float32 Llama-family model
-on tr's row attention (row_attention.py), RMSNorm as `weight * normed`, SiLU MLPs, the rotary
-embedding over the whole head, and each layer's q/k/v, o, gate/up and down on tr's kernels.
+on tr's row attention (row_attention.py), RMSNorm as `weight * normed`, SiLU MLPs, and each layer's
+q/k/v, o, gate/up and down on tr's kernels (the rotary embedding covers whole heads in these
+families; attention_in refuses cos/sin of another size).
+
+The fused modules and the whole-step object keep references to the quantized layers' tensors: the
+model stays where it was quantized (tr's kernels are CPU-only), and a fused model is not copied or
+pickled (`quantized_copy` copies the dense model before quantizing).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache
 
 from ..core.forward import FUSED_GATE_UP, FUSED_QKV, ROW_ATTENTION, WHOLE_STEP, WholeAttention
 from ..core.kv_cache import CompactingCache
@@ -42,7 +48,6 @@ class FusedAttention(WholeAttention):
 
     def __init__(self, attention: nn.Module, qkv: nn.Module, heads: int, kv_heads: int) -> None:
         super().__init__()
-        self.config = attention.config
         self.layer_idx = attention.layer_idx
         self.head_dim = attention.head_dim
         self.scaling = float(attention.scaling)
@@ -58,9 +63,9 @@ class FusedAttention(WholeAttention):
         hidden_states: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None = None,
-        cache: object | None = None,
-        past_key_values: object | None = None,  # the cache's name before transformers 5.24
-        **kwargs,
+        cache: Cache | None = None,
+        past_key_values: Cache | None = None,  # the cache's name before transformers 5.24
+        **kwargs: object,
     ) -> tuple[torch.Tensor, None]:
         cos, sin = position_embeddings
         query, key, value = torch.ops.tr_kernels.attention_in(
@@ -146,7 +151,7 @@ def fuse_layers(model: nn.Module) -> int:
     body = getattr(model, "model", None)
     if getattr(config, "_attn_implementation", None) != ROW_ATTENTION or body is None:
         return 0
-    if getattr(config, "hidden_act", None) not in _SILU or getattr(config, "partial_rotary_factor", 1.0) != 1.0:
+    if getattr(config, "hidden_act", None) not in _SILU:  # (rotary over part of a head: attention_in refuses)
         return 0
     heads, kv_heads = (
         config.num_attention_heads,

@@ -44,8 +44,9 @@ void add_into(at::Tensor& x, const at::Tensor& y) {
 // new (1, KVH, T, D) rows into buffer (1, KVH, capacity, D) at positions [start, start + T).
 void write_rows(const at::Tensor& buffer, const at::Tensor& rows, int64_t start) {
   const int64_t heads = rows.size(1), T = rows.size(2), D = rows.size(3), capacity = buffer.size(2);
-  TORCH_CHECK(buffer.is_contiguous() && buffer.dim() == 4 && buffer.size(1) == heads && buffer.size(3) == D &&
-                  start + T <= capacity && buffer.scalar_type() == at::kFloat,
+  TORCH_CHECK(buffer.is_contiguous() && buffer.dim() == 4 && buffer.size(0) == 1 && buffer.size(1) == heads &&
+                  buffer.size(3) == D && start >= 0 && start + T <= capacity && buffer.scalar_type() == at::kFloat &&
+                  rows.scalar_type() == at::kFloat && rows.is_contiguous(),
               "cache buffers: contiguous float32 (1, kv_heads, capacity, head_dim) with room for the new rows");
   const float* src = rows.data_ptr<float>();
   float* dst = buffer.data_ptr<float>();
@@ -67,21 +68,34 @@ class FusedStack : public torch::CustomClassHolder {
       TORCH_CHECK(t.has_value() && t->defined(), "tensor ", i, " is required");
       return *t;
     };
-    auto linear = [&](int64_t i) { return Linear{required(i), required(i + 1), tensors.get(i + 2), tensors.get(i + 3)}; };
+    // The order is fused_layers.py's FusedStack; each entry's kind is checked, so a reordering there
+    // is an error here, not weights read as something else.
+    auto norm = [&](int64_t i) {
+      const at::Tensor t = required(i);
+      TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kFloat, "tensor ", i, ": a norm's float32 weight");
+      return t;
+    };
+    auto linear = [&](int64_t i) {
+      const Linear l{required(i), required(i + 1), tensors.get(i + 2), tensors.get(i + 3)};
+      TORCH_CHECK(l.levels.dim() == 3 && (l.levels.scalar_type() == at::kByte || l.levels.scalar_type() == at::kChar),
+                  "tensor ", i, ": a layer's int4/int8 levels");
+      TORCH_CHECK(l.steps.dim() == 2 && l.steps.scalar_type() == at::kHalf, "tensor ", i + 1, ": float16 steps");
+      return l;
+    };
     for (int64_t l = 0; l < layers; ++l) {
       const int64_t at = l * kPerLayer;
       Layer layer;
-      layer.input_norm = required(at);
+      layer.input_norm = norm(at);
       layer.qkv = linear(at + 1);
       layer.o = linear(at + 5);
-      layer.post_norm = required(at + 9);
+      layer.post_norm = norm(at + 9);
       layer.gate_up = linear(at + 10);
       layer.down = linear(at + 14);
       layer.input_eps = eps[2 * l];
       layer.post_eps = eps[2 * l + 1];
       layers_.push_back(std::move(layer));
     }
-    final_norm_ = required(count - 1);
+    final_norm_ = norm(count - 1);
     final_eps_ = eps.back();
   }
 

@@ -36,7 +36,9 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "float32");
   const int64_t H = q.size(1), Q = q.size(2), D = q.size(3), KVH = k.size(1);
   int64_t L = k.size(2);
-  TORCH_CHECK(D % 8 == 0 && D <= kMaxDim && k.size(3) == D && v.size(3) == D && v.size(2) == L && H % KVH == 0, "shapes");
+  TORCH_CHECK(D % 8 == 0 && D <= kMaxDim && k.size(3) == D && v.size(3) == D && v.size(2) == L && KVH > 0 &&
+                  H % KVH == 0,
+              "shapes");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "contiguous head dim");
   const bool has_mask = mask_in.has_value() && mask_in->defined();
   if (!has_mask && causal && Q > 1) L = std::min(L, Q);
@@ -44,7 +46,9 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
   bool bool_mask = false;
   if (has_mask) {
     mask = *mask_in;
-    TORCH_CHECK(mask.dim() == 4 && mask.size(2) == Q && mask.size(3) >= L, "mask: (1, 1|heads, tokens, keys)");
+    TORCH_CHECK(mask.dim() == 4 && mask.size(0) == 1 && (mask.size(1) == 1 || mask.size(1) == H) &&
+                    mask.size(2) == Q && mask.size(3) >= L,
+                "mask: (1, 1|heads, tokens, keys)");
     bool_mask = mask.scalar_type() == at::kBool;
     TORCH_CHECK(bool_mask || mask.scalar_type() == at::kFloat, "mask: float32 or bool");
   }

@@ -234,7 +234,7 @@ class _NativeLinear(_QuantizedLinear):
     def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """What tr's kernels take for this layer (fused_layers.py passes them on): levels, steps,
         minimums (int4 only), bias."""
-        return self.levels, self.steps, getattr(self, "minimums", None), self.bias
+        raise NotImplementedError
 
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
@@ -262,6 +262,9 @@ class Q4Linear(_NativeLinear):
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return torch.ops.tr_kernels.int4_mm(x, self.levels, self.steps, self.minimums, bias)
 
+    def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        return self.levels, self.steps, self.minimums, self.bias
+
 
 class Q8Linear(_NativeLinear):
     """int8 as GGUF's Q8_0: per group of 32 inputs, levels -127..127 and a float16 step."""
@@ -278,6 +281,9 @@ class Q8Linear(_NativeLinear):
 
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return torch.ops.tr_kernels.int8_mm(x, self.levels, self.steps, bias)
+
+    def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        return self.levels, self.steps, None, self.bias
 
 
 # The layer class by the model's dtype (which picks the kernels, Runtime.resolve), then by mode.

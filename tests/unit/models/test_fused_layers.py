@@ -135,31 +135,52 @@ def test_operands_the_fused_calls_do_not_take_are_refused():
         ops.attention_in(torch.randn(1, 3, 64), *qkv.operands(), cos, sin, 2, 2)  # 64 outputs, 6 heads
     with pytest.raises(RuntimeError, match="cos, sin"):
         ops.attention_in(torch.randn(1, 3, 64), *qkv.operands(), cos[:, :2], sin[:, :2], 2, 1)
+    with pytest.raises(RuntimeError, match="kv_heads"):
+        ops.attention_in(torch.randn(1, 3, 64), *qkv.operands(), cos, sin, 2, 0)
+    q, k = torch.randn(1, 4, 3, 16), torch.randn(1, 2, 5, 16)
+    with pytest.raises(RuntimeError, match="mask"):  # one mask per kv head is not a layout it takes
+        ops.row_attention(q, k, k, torch.zeros(1, 2, 3, 5), 0.25, False)
 
 
-@pytest.mark.parametrize("arch", FUSED_ARCHS)
-def test_the_direct_forward_equals_the_models_own_on_fused_layers(arch):
-    """Over a prompt and then a 5-token tree step: tr's direct path (all layers in one call, masks per
-    layer type where the model has several) against the model's forward through its modules."""
-    model = tiny_model(arch)
+def test_a_stack_given_its_tensors_in_another_order_is_refused():
+    model = tiny_model("llama")
     quantize(model, WeightsMode.parse("int4"))
+    layer = model.model.layers[0]
+    tensors = [layer.self_attn._qkv[0], layer.input_layernorm.weight, *layer.self_attn._qkv[1:]]  # swapped
+    tensors += [*layer.self_attn._o, layer.post_attention_layernorm.weight, *layer.mlp._operands]
+    tensors.append(model.model.norm.weight)
+    with pytest.raises(RuntimeError, match="norm"):
+        torch.classes.tr_kernels.FusedStack(tensors, [1e-6] * 3, 4, 2, 0.25, True)
+
+
+@pytest.mark.parametrize("one_call", [True, False])
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+@pytest.mark.parametrize("arch", FUSED_ARCHS)
+def test_the_direct_forward_equals_the_models_own_on_fused_layers(arch, mode, one_call):
+    """Over a prompt that grows the cache past its first buffers and then a 5-token tree step: tr's
+    direct path (all layers in one call, masks per layer type where the model has several; or layer
+    by layer through the fused attention) against the model's forward through its modules."""
+    model = tiny_model(arch)
+    quantize(model, WeightsMode.parse(mode))
     direct = LlamaFamilyForward(model)
     assert LlamaFamilyForward.supports(model) and direct.whole_step is getattr(model, WHOLE_STEP)
+    if not one_call:
+        direct.whole_step = None
     own = ModelForward(model, "cache")
     layout = AttentionLayout.from_config(model.config, torch.float32, "cpu")
-    ids = torch.tensor(random_prompt(30, 5))
+    prompt = 300  # past the cache's first 256 rows
+    ids = torch.tensor(random_prompt(prompt + 5, 5))
     results = []
     for forward in (direct, own):
         cache = CompactingCache()
-        positions = torch.arange(25)
+        positions = torch.arange(prompt)
         with torch.inference_mode():
-            first = forward(ids[:25], positions, layout.build(0, positions, causal_visibility(25, "cpu")), cache)
-            positions = torch.tensor([25, 26, 26, 27, 28])
-            visible = torch.tensor(
-                [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
-            )
-            second = forward(ids[25:], positions, layout.build(25, positions, visible.bool()), cache)
+            visible = causal_visibility(prompt, "cpu")
+            first = forward(ids[:prompt], positions, layout.build(0, positions, visible), cache)
+            positions = torch.tensor([0, 1, 1, 2, 3]) + prompt
+            rows = [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [1, 1, 0, 1, 1]]
+            second = forward(ids[prompt:], positions, layout.build(prompt, positions, torch.tensor(rows).bool()), cache)
         results.append((first, second, cache.length, *[layer.keys.clone() for layer in cache.layers]))
     mine, theirs = results
-    assert mine[2] == theirs[2] == 30
+    assert mine[2] == theirs[2] == prompt + 5
     assert all(torch.equal(a, b) for a, b in zip(mine[:2] + mine[3:], theirs[:2] + theirs[3:], strict=True))
