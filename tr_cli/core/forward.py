@@ -124,36 +124,47 @@ class LlamaFamilyForward:
         if self.whole_step is not None:
             masks = [mask[kind] for kind in self.layer_types] if isinstance(mask, dict) else [mask]
             return self.head(self.whole_step(hidden, cos, sin, masks, cache))[0]
-        count = input_ids.shape[0]
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
             layer_mask = mask[self.layer_types[index]] if isinstance(mask, dict) else mask
             states = layer.input_layernorm(hidden)
             if isinstance(attention, WholeAttention):
                 output, _ = attention(states, position_embeddings=(cos, sin), attention_mask=layer_mask, cache=cache)
-                hidden = hidden + output
-                hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-                continue
-            shape = (1, count, -1, attention.head_dim)
-            fused = getattr(attention, FUSED_QKV, None)
-            if fused is not None:  # one matmul for q, k and v (models/weights.py keeps it)
-                query, key, value = fused(states).split(self._qkv_sizes(attention), dim=-1)
             else:
-                query, key, value = attention.q_proj(states), attention.k_proj(states), attention.v_proj(states)
-            query = query.view(shape).transpose(1, 2)
-            key = key.view(shape).transpose(1, 2)
-            value = value.view(shape).transpose(1, 2)
-            query, key = self.apply_rotary(query, key, cos, sin)
-            key, value = cache.update(key, value, index)
-            if count > 1 and self.attention is sdpa_attention_forward and shares_kv_heads(query, key, layer_mask):
-                output = grouped_sdpa(query, key, value, layer_mask, attention.scaling)
-            else:
-                output, _ = self.attention(
-                    attention, query, key, value, layer_mask, dropout=0.0, scaling=attention.scaling
-                )
-            hidden = hidden + attention.o_proj(output.reshape(1, count, -1).contiguous())
+                output = self._attention(attention, index, states, cos, sin, layer_mask, cache)
+            hidden = hidden + output
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
         return self.head(self.norm(hidden))[0]
+
+    def _attention(
+        self,
+        attention: torch.nn.Module,
+        index: int,
+        states: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: CompactingCache,
+    ) -> torch.Tensor:
+        """The model's attention module computed as it does (its o_proj included), q/k/v as one
+        matmul where a fused layer is kept."""
+        count = states.shape[1]
+        shape = (1, count, -1, attention.head_dim)
+        fused = getattr(attention, FUSED_QKV, None)
+        if fused is not None:  # one matmul for q, k and v (models/weights.py keeps it)
+            query, key, value = fused(states).split(self._qkv_sizes(attention), dim=-1)
+        else:
+            query, key, value = attention.q_proj(states), attention.k_proj(states), attention.v_proj(states)
+        query = query.view(shape).transpose(1, 2)
+        key = key.view(shape).transpose(1, 2)
+        value = value.view(shape).transpose(1, 2)
+        query, key = self.apply_rotary(query, key, cos, sin)
+        key, value = cache.update(key, value, index)
+        if count > 1 and self.attention is sdpa_attention_forward and shares_kv_heads(query, key, mask):
+            output = grouped_sdpa(query, key, value, mask, attention.scaling)
+        else:
+            output, _ = self.attention(attention, query, key, value, mask, dropout=0.0, scaling=attention.scaling)
+        return attention.o_proj(output.reshape(1, count, -1).contiguous())
 
     @staticmethod
     def _qkv_sizes(attention: torch.nn.Module) -> tuple[int, int, int]:

@@ -109,7 +109,9 @@ class FusedStack:
         tensors.append(body.norm.weight)
         eps.append(body.norm.variance_epsilon)
         first = body.layers[0].self_attn
-        self.layers, self.kv_heads, self.head_dim = len(body.layers), kv_heads, first.head_dim
+        self.layers = len(body.layers)
+        # What the cache's buffers are shaped after when it starts (CompactingCache.open_rows), made once.
+        self._like = body.norm.weight.new_empty(1, kv_heads, 0, first.head_dim)
         self._stack = torch.classes.tr_kernels.FusedStack(tensors, eps, heads, kv_heads, first.scaling, first.is_causal)
 
     def __call__(
@@ -121,8 +123,7 @@ class FusedStack:
         cache: CompactingCache,
     ) -> torch.Tensor:
         count = hidden.shape[1]
-        like = hidden.new_empty(1, self.kv_heads, 0, self.head_dim)
-        keys, values, start = cache.open_rows(self.layers, count, like)
+        keys, values, start = cache.open_rows(self.layers, count, self._like)
         out = self._stack.step(hidden, cos, sin, masks, keys, values, start)
         cache.advance(count)
         return out
@@ -153,10 +154,8 @@ def fuse_layers(model: nn.Module) -> int:
         return 0
     if getattr(config, "hidden_act", None) not in _SILU:  # (rotary over part of a head: attention_in refuses)
         return 0
-    heads, kv_heads = (
-        config.num_attention_heads,
-        getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-    )
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
     fused = 0
     for layer in body.layers:
         attention, mlp = layer.self_attn, layer.mlp
