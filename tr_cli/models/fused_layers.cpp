@@ -77,7 +77,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tr::attention_in(
   TORCH_CHECK(width % all_heads == 0, "q/k/v outputs: (heads + 2 kv_heads) * head_dim");
   const int64_t D = width / all_heads, half = D / 2;
   // What the row attention after it takes, checked before the model's cache takes the new rows.
-  TORCH_CHECK(D % 8 == 0 && D <= 256, "head_dim: a multiple of 8, at most 256");
+  TORCH_CHECK(D % 8 == 0 && D <= tr::kMaxHeadDim, "head_dim: a multiple of 8, at most ", tr::kMaxHeadDim);
   const at::Tensor cos = cos_in.contiguous(), sin = sin_in.contiguous();
   check_float(cos, "cos");
   check_float(sin, "sin");

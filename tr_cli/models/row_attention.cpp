@@ -18,8 +18,6 @@
 
 namespace {
 
-constexpr int64_t kMaxDim = 256;  // head dims up to this (every Llama-family model's is 64-256)
-
 inline __m256 weights8(__m256 x) {
   const __m256 gone = _mm256_cmp_ps(x, _mm256_set1_ps(-88.3762626647949f), _CMP_LT_OQ);  // also -inf
   return _mm256_blendv_ps(tr::exp8(x), _mm256_setzero_ps(), gone);
@@ -36,7 +34,7 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "float32");
   const int64_t H = q.size(1), Q = q.size(2), D = q.size(3), KVH = k.size(1);
   int64_t L = k.size(2);
-  TORCH_CHECK(D % 8 == 0 && D <= kMaxDim && k.size(3) == D && v.size(3) == D && v.size(2) == L && KVH > 0 &&
+  TORCH_CHECK(D % 8 == 0 && D <= tr::kMaxHeadDim && k.size(3) == D && v.size(3) == D && v.size(2) == L && KVH > 0 &&
                   H % KVH == 0,
               "shapes");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "contiguous head dim");
@@ -104,7 +102,7 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
       float sum = 0.0f;
       for (j = 0; j < L; ++j) sum += e[j];
       // Values: one pass over the keys, each output lane summing its keys in order.
-      __m256 acc[kMaxDim / 8];
+      __m256 acc[tr::kMaxHeadDim / 8];
       const int64_t lanes = D / 8;
       for (int64_t b = 0; b < lanes; ++b) acc[b] = _mm256_setzero_ps();
       for (j = 0; j < L; ++j) {

@@ -7,6 +7,10 @@
 
 namespace tr {
 
+// Head dims the row attention takes (multiples of 8 up to this; every Llama-family model's is 64-256);
+// row_attention.py's `supports` says the same on the Python side.
+constexpr int64_t kMaxHeadDim = 256;
+
 // y = x Wᵀ (+ bias), x (..., K) -> (..., N), W as models/weights.py packs it: int4 (levels uint8
 // (N, K/32, 16), float16 steps and minimums (N, groups padded to 8)) or int8 (levels int8 (N, K/32,
 // 32), float16 steps; no minimums). Each row of x computed alone, in one fixed order.
