@@ -25,7 +25,9 @@ from .cpu_load import OtherLoad
 # on the quantized path (core/step_scope.py).
 # 5: models on tr's kernels run fused layers, all layers in one call (models/fused_layers.py): a
 # one-token int4 step on SmolLM2 went from ~20 to ~13 ms, and the trees follow the costs.
-CALIBRATION_VERSION = 5
+# 6: tr's kernels take weights in blocks of eight columns and the row attention reads keys in blocks:
+# each extra row of a step costs about half what it did.
+CALIBRATION_VERSION = 6
 # Other processes' CPU use during a measurement above which it is not cached. Measured here: one
 # competing torch process cut one-token decoding from 14.0 to 5.2 tok/s (benchmarks/contention_bench.py).
 BUSY_CORES = 0.5

@@ -130,7 +130,9 @@ class FusedStack:
 
 
 def _on_kernels(*layers: nn.Module | None) -> bool:
-    return all(callable(getattr(layer, "operands", None)) for layer in layers)
+    """On tr's kernels with exactly their outputs (no padded column block, whose extra outputs the
+    fused calls would take for the next head's)."""
+    return all(callable(getattr(layer, "operands", None)) and not layer.padded for layer in layers)
 
 
 def _plain_norm(norm: nn.Module) -> bool:

@@ -79,7 +79,7 @@ class FusedStack : public torch::CustomClassHolder {
       const Linear l{required(i), required(i + 1), tensors.get(i + 2), tensors.get(i + 3)};
       TORCH_CHECK(l.levels.dim() == 3 && (l.levels.scalar_type() == at::kByte || l.levels.scalar_type() == at::kChar),
                   "tensor ", i, ": a layer's int4/int8 levels");
-      TORCH_CHECK(l.steps.dim() == 2 && l.steps.scalar_type() == at::kHalf, "tensor ", i + 1, ": float16 steps");
+      TORCH_CHECK(l.steps.dim() == 3 && l.steps.scalar_type() == at::kHalf, "tensor ", i + 1, ": float16 steps");
       return l;
     };
     for (int64_t l = 0; l < layers; ++l) {

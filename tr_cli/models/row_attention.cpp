@@ -11,6 +11,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 #include <immintrin.h>
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -23,6 +24,42 @@ inline __m256 weights8(__m256 x) {
   return _mm256_blendv_ps(tr::exp8(x), _mm256_setzero_ps(), gone);
 }
 
+
+// The scores q . k of keys j..j+7 (lane t: key j + t; keys past `last` repeat it and are not used):
+// eight independent sums over the head dim, then one fixed pairwise sum of each key's eight lanes, so a
+// key's score is the same bits in any lane of any group (and a query's scores never depend on which
+// other keys are there). One key at a time waited on its own chain of D/8 dependent FMAs.
+inline __m256 scores8(const float* qi, const float* keys, int64_t stride, int64_t j, int64_t last, int64_t D) {
+  const float* k[8];
+  for (int t = 0; t < 8; ++t) k[t] = keys + std::min(j + t, last) * stride;
+  __m256 acc[8];
+  for (int t = 0; t < 8; ++t) acc[t] = _mm256_setzero_ps();
+  for (int64_t d = 0; d < D; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(qi + d);
+    for (int t = 0; t < 8; ++t) acc[t] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(k[t] + d), acc[t]);
+  }
+  // hadd twice: lane t of each half = key t's ((l0+l1)+(l2+l3)) (low half of its lanes) or the same of
+  // its high half; then the halves added.
+  const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+
+// a[0 .. 8 LANES) += e[j] * v_j[0 .. 8 LANES) for keys j in [k0, k1), in key order (weights of exactly 0
+// skipped: keys not seen). LANES fixed at compile time keeps the sums in registers: a loop over a
+// runtime count kept them on the stack, a store and a load between each key's FMAs (~3x slower).
+template <int LANES>
+inline void weighted_sum(float* a, const float* e, const float* v, int64_t stride, int64_t k0, int64_t k1) {
+  __m256 sums[LANES];
+  for (int b = 0; b < LANES; ++b) sums[b] = _mm256_load_ps(a + 8 * b);
+  for (int64_t j = k0; j < k1; ++j) {
+    if (e[j] == 0.0f) continue;
+    const __m256 w = _mm256_set1_ps(e[j]);
+    const float* vj = v + j * stride;
+    for (int b = 0; b < LANES; ++b) sums[b] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * b), sums[b]);
+  }
+  for (int b = 0; b < LANES; ++b) _mm256_store_ps(a + 8 * b, sums[b]);
+}
 
 }  // namespace
 
@@ -63,57 +100,96 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
   const int64_t mask_row = has_mask ? mask.stride(2) : 0, mask_col = has_mask ? mask.stride(3) : 0;
   const int64_t qs1 = q.stride(1), qs2 = q.stride(2), ks1 = k.stride(1), ks2 = k.stride(2);
   const int64_t vs1 = v.stride(1), vs2 = v.stride(2);
-  at::parallel_for(0, H * Q, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> e(L);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t h = t / Q, i = t % Q, kh = h / group;
-      const float* qi = qp + h * qs1 + i * qs2;
+  // Work items: the queries of one key/value head (its heads' rows), up to kQueries at a time, which
+  // go through the keys and values together in blocks of kKeys: each block is read from L2 once per
+  // item and then from L1 for every query (one query at a time read all ~80 KB of a head's keys, then
+  // its values, from L2). Each query's arithmetic is still its own, in key order.
+  constexpr int64_t kQueries = 16, kKeys = 64;
+  const int64_t per_head = group * Q, chunks = (per_head + kQueries - 1) / kQueries;
+  at::parallel_for(0, KVH * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(kQueries * L);
+    alignas(32) float acc[kQueries][tr::kMaxHeadDim];
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t kh = item / chunks, first = (item % chunks) * kQueries;
+      const int64_t R = std::min(kQueries, per_head - first);
       const float* kb = kp + kh * ks1;
       const float* vb = vp + kh * vs1;
-      const int64_t mask_at = h * mask_heads + i * mask_row;
-      const int64_t visible_to = (!has_mask && causal && Q > 1) ? i + 1 : L;
-      float top = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < L; ++j) {
-        const bool seen = j < visible_to && (mask_bool == nullptr || mask_bool[mask_at + j * mask_col]);
-        if (!seen) {
-          e[j] = -std::numeric_limits<float>::infinity();
-          continue;
+      int64_t head[kQueries], row[kQueries], visible[kQueries];
+      float top[kQueries], sum[kQueries];
+      for (int64_t r = 0; r < R; ++r) {
+        head[r] = kh * group + (first + r) / Q;
+        row[r] = (first + r) % Q;
+        visible[r] = (!has_mask && causal && Q > 1) ? row[r] + 1 : L;
+        top[r] = -std::numeric_limits<float>::infinity();
+      }
+      const float hidden = -std::numeric_limits<float>::infinity();
+      // Scores (masked keys: -inf; additively masked ones: the score plus the mask, as SDPA).
+      for (int64_t k0 = 0; k0 < L; k0 += kKeys) {
+        for (int64_t r = 0; r < R; ++r) {
+          const float* qi = qp + head[r] * qs1 + row[r] * qs2;
+          const int64_t mask_at = head[r] * mask_heads + row[r] * mask_row;
+          float* e = scores.data() + r * L;
+          const int64_t stop = std::min(k0 + kKeys, visible[r]);
+          for (int64_t j0 = k0; j0 < stop; j0 += 8) {
+            alignas(32) float s8[8];
+            _mm256_store_ps(s8, scores8(qi, kb, ks2, j0, visible[r] - 1, D));
+            for (int64_t j = j0; j < std::min(j0 + 8, stop); ++j) {
+              const bool seen = mask_bool == nullptr || mask_bool[mask_at + j * mask_col];
+              const float add = mask_add == nullptr ? 0.0f : mask_add[mask_at + j * mask_col];
+              e[j] = seen ? s8[j - j0] * fscale + add : hidden;
+              top[r] = std::max(top[r], e[j]);
+            }
+          }
+          for (int64_t j = std::max(k0, visible[r]); j < std::min(k0 + kKeys, L); ++j) e[j] = hidden;
         }
-        const float add = mask_add == nullptr ? 0.0f : mask_add[mask_at + j * mask_col];
-        const float* kj = kb + j * ks2;
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t d = 0; d < D; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + d), _mm256_loadu_ps(kj + d), acc);
-        const float s = tr::hsum(acc) * fscale + add;
-        e[j] = s;
-        top = std::max(top, s);
       }
       // Weights e^(s - top): exactly 0 below e^-88 (keys not seen, -inf, and keys an additive mask
       // hides, s near the float minimum, as SDPA's exp gives them); summed one by one in key order (a
       // sum in vector lanes would group keys by index, and hidden keys between them would regroup them).
-      const __m256 top8 = _mm256_set1_ps(top);
-      int64_t j = 0;
-      for (; j + 8 <= L; j += 8) _mm256_storeu_ps(e.data() + j, weights8(_mm256_sub_ps(_mm256_loadu_ps(e.data() + j), top8)));
-      if (j < L) {
-        alignas(32) float tail[8];
-        for (int64_t t = 0; t < 8; ++t) tail[t] = j + t < L ? e[j + t] - top : 0.0f;
-        _mm256_store_ps(tail, weights8(_mm256_load_ps(tail)));
-        for (int64_t t = 0; j + t < L; ++t) e[j + t] = tail[t];
+      for (int64_t r = 0; r < R; ++r) {
+        float* e = scores.data() + r * L;
+        const __m256 top8 = _mm256_set1_ps(top[r]);
+        int64_t j = 0;
+        for (; j + 8 <= L; j += 8) _mm256_storeu_ps(e + j, weights8(_mm256_sub_ps(_mm256_loadu_ps(e + j), top8)));
+        if (j < L) {
+          alignas(32) float tail[8];
+          for (int64_t t = 0; t < 8; ++t) tail[t] = j + t < L ? e[j + t] - top[r] : 0.0f;
+          _mm256_store_ps(tail, weights8(_mm256_load_ps(tail)));
+          for (int64_t t = 0; j + t < L; ++t) e[j + t] = tail[t];
+        }
+        float total = 0.0f;
+        for (j = 0; j < L; ++j) total += e[j];
+        sum[r] = total;
+        for (int64_t b = 0; b < D; b += 8) _mm256_store_ps(acc[r] + b, _mm256_setzero_ps());
       }
-      float sum = 0.0f;
-      for (j = 0; j < L; ++j) sum += e[j];
-      // Values: one pass over the keys, each output lane summing its keys in order.
-      __m256 acc[tr::kMaxHeadDim / 8];
+      // Values: each output lane sums its keys in order, a block of keys at a time, up to 64 dims
+      // per pass so that the sums stay in registers.
+      for (int64_t k0 = 0; k0 < L; k0 += kKeys) {
+        const int64_t k1 = std::min(k0 + kKeys, L);
+        for (int64_t r = 0; r < R; ++r) {
+          const float* e = scores.data() + r * L;
+          for (int64_t d0 = 0; d0 < D; d0 += 64) {
+            float* a = acc[r] + d0;
+            const float* v0 = vb + d0;
+            switch (std::min<int64_t>(D - d0, 64) / 8) {
+              case 8: weighted_sum<8>(a, e, v0, vs2, k0, k1); break;
+              case 7: weighted_sum<7>(a, e, v0, vs2, k0, k1); break;
+              case 6: weighted_sum<6>(a, e, v0, vs2, k0, k1); break;
+              case 5: weighted_sum<5>(a, e, v0, vs2, k0, k1); break;
+              case 4: weighted_sum<4>(a, e, v0, vs2, k0, k1); break;
+              case 3: weighted_sum<3>(a, e, v0, vs2, k0, k1); break;
+              case 2: weighted_sum<2>(a, e, v0, vs2, k0, k1); break;
+              default: weighted_sum<1>(a, e, v0, vs2, k0, k1); break;
+            }
+          }
+        }
+      }
       const int64_t lanes = D / 8;
-      for (int64_t b = 0; b < lanes; ++b) acc[b] = _mm256_setzero_ps();
-      for (j = 0; j < L; ++j) {
-        if (e[j] == 0.0f) continue;
-        const __m256 w = _mm256_set1_ps(e[j]);
-        const float* vj = vb + j * v.stride(2);
-        for (int64_t b = 0; b < lanes; ++b) acc[b] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj + 8 * b), acc[b]);
+      for (int64_t r = 0; r < R; ++r) {
+        float* oi = op + (row[r] * H + head[r]) * D;
+        const __m256 total = _mm256_set1_ps(sum[r]);
+        for (int64_t b = 0; b < lanes; ++b) _mm256_storeu_ps(oi + 8 * b, _mm256_div_ps(_mm256_load_ps(acc[r] + 8 * b), total));
       }
-      float* oi = op + (i * H + h) * D;
-      const __m256 total = _mm256_set1_ps(sum);
-      for (int64_t b = 0; b < lanes; ++b) _mm256_storeu_ps(oi + 8 * b, _mm256_div_ps(acc[b], total));
     }
   });
   return out;

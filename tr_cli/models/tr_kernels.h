@@ -11,9 +11,10 @@ namespace tr {
 // row_attention.py's `supports` says the same on the Python side.
 constexpr int64_t kMaxHeadDim = 256;
 
-// y = x Wᵀ (+ bias), x (..., K) -> (..., N), W as models/weights.py packs it: int4 (levels uint8
-// (N, K/32, 16), float16 steps and minimums (N, groups padded to 8)) or int8 (levels int8 (N, K/32,
-// 32), float16 steps; no minimums). Each row of x computed alone, in one fixed order.
+// y = x Wᵀ (+ bias), x (..., K) -> (..., N), W as models/weights.py packs it, in blocks of eight output
+// columns: int4 (levels uint8 (N/8, K/32, 128), float16 steps and minimums (N/8, K/32, 8)) or int8
+// (levels int8 (N/8, K/32, 256), float16 steps; no minimums). Each row of x computed alone, in one
+// fixed order.
 at::Tensor quantized_linear(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& steps,
                             const c10::optional<at::Tensor>& minimums, const c10::optional<at::Tensor>& bias);
 

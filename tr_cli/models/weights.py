@@ -70,6 +70,7 @@ class _QuantizedLinear(nn.Module):
     compute_dtype = QUANTIZED_DTYPE  # the activations' dtype the kernel takes
     # Whether a row view holds exactly what quantizing those rows alone gives, by construction.
     rows_exact = False
+    row_block = 1  # row views start and end at multiples of this
 
     def __init__(
         self, in_features: int, out_features: int, bias: torch.Tensor | None, buffers: dict[str, torch.Tensor]
@@ -196,11 +197,31 @@ class Int4Linear(_QuantizedLinear):
         return Int4Linear(self.in_features, stop - start, None, views)
 
 
-def _padded_groups(values: torch.Tensor) -> torch.Tensor:
-    """(out, groups) float16 steps padded with zeros to a multiple of 8 groups: tr's kernels read
-    eight groups' steps at a time."""
-    pad = -values.shape[1] % 8
-    return F.pad(values, (0, pad)).contiguous() if pad else values.contiguous()
+NATIVE_COLUMNS = 8  # tr's kernels take the output columns in blocks of eight (quantized_matmul.cpp)
+
+
+def _column_blocks(levels: torch.Tensor, bytes_per_group: int) -> torch.Tensor:
+    """(out, groups, 32) levels, out a multiple of 8, as the kernels read them: (out / 8, groups, 32 * 8)
+    with inputs 4j..4j+3 of the block's eight columns side by side in its j-th 32 bytes; int4 puts the
+    second half's vectors (inputs 16-31) in the high nibbles of the first half's."""
+    out_features, groups, _ = levels.shape
+    blocked = levels.reshape(out_features // NATIVE_COLUMNS, NATIVE_COLUMNS, groups, 8, 4).permute(0, 2, 3, 1, 4)
+    blocked = blocked.reshape(out_features // NATIVE_COLUMNS, groups, 8, 32)
+    if bytes_per_group == 16:  # int4: vector i (inputs 4i..) low nibbles, vector i + 4 (inputs 4(i+4)..) high
+        blocked = blocked[:, :, :4] | (blocked[:, :, 4:] << 4)
+    return blocked.reshape(out_features // NATIVE_COLUMNS, groups, -1).contiguous()
+
+
+def _column_values(values: torch.Tensor) -> torch.Tensor:
+    """(out, groups) per-group values as the kernels read them: (out / 8, groups, 8)."""
+    out_features, groups = values.shape
+    return values.reshape(out_features // NATIVE_COLUMNS, NATIVE_COLUMNS, groups).transpose(1, 2).contiguous()
+
+
+def _columns_padded(weight: torch.Tensor) -> torch.Tensor:
+    """(out, in) with zero rows up to a multiple of 8 outputs (their outputs are cut off again)."""
+    pad = -weight.shape[0] % NATIVE_COLUMNS
+    return F.pad(weight, (0, 0, 0, pad)) if pad else weight
 
 
 def _float16(values: torch.Tensor) -> torch.Tensor:
@@ -214,19 +235,41 @@ class _NativeLinear(_QuantizedLinear):
 
     compute_dtype = NATIVE_DTYPE
     rows_exact = True
+    row_block = NATIVE_COLUMNS  # a row view starts and ends at a block of eight outputs
 
     @staticmethod
     def fits(out_features: int, in_features: int) -> bool:
         return in_features % INT4_GROUP == 0
 
+    @classmethod
+    def quantized(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> _NativeLinear:
+        """`weight` (out, in) quantized, its outputs padded with zero weights to a multiple of 8 (the
+        kernels' column blocks); the padded outputs are cut off (`padded`)."""
+        out_features, in_features = weight.shape
+        padded = _columns_padded(weight.detach().float())
+        if bias is not None and padded.shape[0] != out_features:
+            bias = F.pad(bias.detach(), (0, padded.shape[0] - out_features))
+        layer = cls(in_features, padded.shape[0], bias, cls._quantize(padded))
+        layer.out_features = out_features
+        return layer
+
+    @property
+    def padded(self) -> bool:
+        """Whether the kernels compute more outputs than the layer has (cut off after each call)."""
+        return self.levels.shape[0] * NATIVE_COLUMNS != self.out_features
+
     def _share(self, start: int, stop: int) -> _NativeLinear:
-        views = {name: tensor[start:stop] for name, tensor in self.named_buffers(recurse=False) if tensor is not None}
+        if start % NATIVE_COLUMNS or stop % NATIVE_COLUMNS or self.padded:
+            raise ValueError(f"rows [{start}, {stop}) of a layer on tr's kernels: whole blocks of 8 only")
+        block = slice(start // NATIVE_COLUMNS, stop // NATIVE_COLUMNS)
+        views = {name: tensor[block] for name, tensor in self.named_buffers(recurse=False) if tensor is not None}
         return type(self)(self.in_features, stop - start, None, views)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One kernel call (it flattens the rows, adds the bias, shapes the output): ~120 calls a
         # step, where each Python line costs a microsecond or more.
-        return self._linear(x if x.dtype is NATIVE_DTYPE else x.to(NATIVE_DTYPE), self.bias)
+        y = self._linear(x if x.dtype is NATIVE_DTYPE else x.to(NATIVE_DTYPE), self.bias)
+        return y[..., : self.out_features] if self.padded else y
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return self._linear(x, None)
@@ -234,6 +277,11 @@ class _NativeLinear(_QuantizedLinear):
     def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """What tr's kernels take for this layer (fused_layers.py passes them on): levels, steps,
         minimums (int4 only), bias."""
+        raise NotImplementedError
+
+    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The layer's values in GGUF's order, padded outputs included: levels (out, in) as integers,
+        steps and minimums (int4 only) (out, groups) float16."""
         raise NotImplementedError
 
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -252,11 +300,10 @@ class Q4Linear(_NativeLinear):
         # Levels against the float16 values the kernel uses: a Q4_1 tensor's own levels come back.
         step = steps.float().masked_fill(steps == 0, 1)[..., None]
         levels = ((groups - minimums.float()[..., None]) / step).round().clamp(0, 15).to(torch.uint8)
-        half = INT4_GROUP // 2  # byte i holds input i (low nibble) and input i + 16 (high)
         return {
-            "levels": (levels[..., :half] | (levels[..., half:] << 4)).contiguous(),
-            "steps": _padded_groups(steps),
-            "minimums": _padded_groups(minimums),
+            "levels": _column_blocks(levels, 16),
+            "steps": _column_values(steps),
+            "minimums": _column_values(minimums),
         }
 
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -264,6 +311,12 @@ class Q4Linear(_NativeLinear):
 
     def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         return self.levels, self.steps, self.minimums, self.bias
+
+    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        blocks, groups = self.levels.shape[:2]
+        nibbles = self.levels.reshape(blocks, groups, 4, 32)
+        vectors = torch.cat([nibbles & 15, nibbles >> 4], dim=2)  # (blocks, groups, 8 vectors, 8 x 4)
+        return _unblocked(vectors), _unblocked_values(self.steps), _unblocked_values(self.minimums)
 
 
 class Q8Linear(_NativeLinear):
@@ -277,13 +330,28 @@ class Q8Linear(_NativeLinear):
         steps = _float16(torch.maximum(-low, high) / 127)
         step = steps.float().masked_fill(steps == 0, 1)[..., None]
         levels = (groups / step).round().clamp(-127, 127).to(torch.int8)
-        return {"levels": levels.contiguous(), "steps": _padded_groups(steps)}
+        return {"levels": _column_blocks(levels, 32), "steps": _column_values(steps)}
 
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return torch.ops.tr_kernels.int8_mm(x, self.levels, self.steps, bias)
 
     def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         return self.levels, self.steps, None, self.bias
+
+    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        blocks, groups = self.levels.shape[:2]
+        return _unblocked(self.levels.reshape(blocks, groups, 8, 32)), _unblocked_values(self.steps), None
+
+
+def _unblocked(vectors: torch.Tensor) -> torch.Tensor:
+    """(blocks, groups, 8 vectors, 8 columns x 4 inputs) -> (out, in): _column_blocks undone."""
+    blocks, groups = vectors.shape[:2]
+    columns = vectors.reshape(blocks, groups, 8, NATIVE_COLUMNS, 4).permute(0, 3, 1, 2, 4)
+    return columns.reshape(blocks * NATIVE_COLUMNS, groups * INT4_GROUP)
+
+
+def _unblocked_values(values: torch.Tensor) -> torch.Tensor:
+    return values.transpose(1, 2).reshape(-1, values.shape[1])
 
 
 # The layer class by the model's dtype (which picks the kernels, Runtime.resolve), then by mode.
@@ -392,9 +460,11 @@ def _fuse_siblings(model: nn.Module, kind: type[_QuantizedLinear], keep: bool) -
             biases = [getattr(m, "bias", None) for m in siblings]
             if any(b is None for b in biases) and any(b is not None for b in biases):
                 continue
+            bounds = torch.tensor([0, *[w.shape[0] for w in weights]]).cumsum(0).tolist()
+            if any(bound % kind.row_block for bound in bounds):
+                continue
             bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
             fused = _layer(kind, torch.cat([w.detach() for w in weights]), bias, keep)
-            bounds = torch.tensor([0, *[w.shape[0] for w in weights]]).cumsum(0).tolist()
             views = [fused.rows(start, stop) for start, stop in zip(bounds, bounds[1:], strict=False)]
             if not kind.rows_exact:  # compare with each sibling quantized alone; keep those if they differ
                 alone = [_layer(kind, w, b, keep) for w, b in zip(weights, biases, strict=True)]

@@ -32,13 +32,11 @@ def expected(x: torch.Tensor, layer: Q4Linear | Q8Linear) -> torch.Tensor:
     """y = sum over groups of d_w d_x (q . a) (+ minimum_w d_x sum(a) for int4), in float64."""
     levels, steps = quantized_rows(x)
     groups = levels.shape[1]
-    if isinstance(layer, Q4Linear):
-        low, high = layer.levels & 15, layer.levels >> 4
-        q = torch.cat([low, high], dim=-1).double()
-        minimums = layer.minimums[:, :groups].double()
-    else:
-        q, minimums = layer.levels.double(), torch.zeros(layer.out_features, groups, dtype=torch.float64)
-    w_steps = layer.steps[:, :groups].double()
+    w_levels, w_steps, w_minimums = layer.unpacked()
+    outputs = layer.out_features
+    q = w_levels[:outputs].reshape(outputs, groups, 32).double()
+    w_steps = w_steps[:outputs].double()
+    minimums = torch.zeros_like(w_steps) if w_minimums is None else w_minimums[:outputs].double()
     dots = torch.einsum("mgi,ngi->mng", levels.double(), q)
     a_sums = (levels.double().sum(-1) * steps[..., 0].double())[:, None, :]
     return (dots * w_steps[None] * steps[..., 0].double()[:, None, :] + minimums[None] * a_sums).sum(-1)
@@ -47,14 +45,15 @@ def expected(x: torch.Tensor, layer: Q4Linear | Q8Linear) -> torch.Tensor:
 @pytest.mark.parametrize("kind", [Q4Linear, Q8Linear])
 @pytest.mark.parametrize(("outputs", "inputs"), [(83, 96), (64, 576), (7, 32), (130, 288)])
 def test_the_kernels_compute_the_quantized_arithmetic(kind, outputs, inputs):
-    """Odd output counts (the column tiles' tails), group counts that are not a multiple of 8 (the
-    padded steps), and 1 to 9 rows (every row-block size)."""
+    """Output counts that are not a multiple of 8 (a padded column block, cut off), odd group counts,
+    and 1 to 9 rows (every row-tile size, and tails)."""
     torch.manual_seed(outputs + inputs)
     layer = kind.quantized(torch.randn(outputs, inputs), None)
     for rows in range(1, 10):
         x = torch.randn(rows, inputs) * 3
         got = layer(x).double()
         want = expected(x, layer)
+        assert got.shape == (rows, outputs)
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
 
 
@@ -63,15 +62,39 @@ def test_each_row_is_computed_alone(kind):
     """A row gives the same bits alone as among any others: what lets a tree's rows stand for
     one-token steps exactly."""
     torch.manual_seed(1)
-    layer = kind.quantized(torch.randn(290, 192), torch.randn(290))
+    layer = kind.quantized(torch.randn(288, 192), torch.randn(288))
     x = torch.randn(21, 192)
     together = layer(x)
     for start in range(21):
         assert torch.equal(layer(x[start : start + 1]), together[start : start + 1])
     for rows in (2, 3, 4, 5, 8, 9, 13):
         assert torch.equal(layer(x[3 : 3 + rows]), together[3 : 3 + rows])
-    views = layer.rows(100, 227)  # a fused layer's sibling: a row view of its weights
-    assert torch.equal(views(x), together[:, 100:227])
+    views = layer.rows(96, 232)  # a fused layer's sibling: a row view of its weights
+    assert torch.equal(views(x), together[:, 96:232])
+
+
+def test_row_views_take_whole_column_blocks():
+    """The kernels read outputs in blocks of eight: a view cutting a block (or of a padded layer) is
+    refused, and siblings whose sizes are not multiples of 8 stay separate layers."""
+    layer = Q4Linear.quantized(torch.randn(64, 64), None)
+    with pytest.raises(ValueError, match="blocks of 8"):
+        layer.rows(4, 32)
+    padded = Q8Linear.quantized(torch.randn(20, 64), None)
+    assert padded.padded and padded.levels.shape[0] == 3
+    with pytest.raises(ValueError, match="blocks of 8"):
+        padded.rows(0, 8)
+
+
+def test_the_unpacked_values_are_the_quantized_ones():
+    """The blocked layout holds each output's levels, steps and minimums: dequantized, they give the
+    weights back to within half a step."""
+    weight = torch.randn(40, 96)
+    for kind in (Q4Linear, Q8Linear):
+        levels, steps, minimums = kind.quantized(weight, None).unpacked()
+        values = levels.float().reshape(40, 3, 32) * steps.float()[..., None]
+        if minimums is not None:
+            values = values + minimums.float()[..., None]
+        assert torch.all((values.reshape(40, 96) - weight).abs() <= steps.float().repeat_interleave(32, 1) / 2 + 1e-3)
 
 
 def test_zero_activations_and_constant_weight_groups():
@@ -100,9 +123,12 @@ def test_a_q4_1_tensor_comes_back_bit_for_bit():
     layer = Q4Linear.quantized(values, None)
     steps = blocks[..., 0:2].copy().view(np.float16)[..., 0]
     minimums = blocks[..., 2:4].copy().view(np.float16)[..., 0]
-    assert np.array_equal(layer.steps[:, :8].numpy(), steps)
-    assert np.array_equal(layer.minimums[:, :8].numpy(), minimums)
-    assert np.array_equal(layer.levels.numpy(), blocks[..., 4:])  # same nibble order as GGUF
+    levels, got_steps, got_minimums = layer.unpacked()
+    assert np.array_equal(got_steps.numpy(), steps)
+    assert np.array_equal(got_minimums.numpy(), minimums)
+    nibbles = blocks[..., 4:]  # byte i: input i (low nibble), input i + 16 (high)
+    gguf_levels = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1).reshape(48, 256)
+    assert np.array_equal(levels.numpy(), gguf_levels)
     x = torch.randn(3, 256)
     assert torch.allclose(layer(x), x @ values.t(), rtol=0.05, atol=0.5)  # activations quantized
 
@@ -110,9 +136,9 @@ def test_a_q4_1_tensor_comes_back_bit_for_bit():
 def test_a_q8_0_tensor_comes_back_bit_for_bit():
     weight = np.random.default_rng(1).standard_normal((40, 128)).astype(np.float32)
     values, blocks = gguf_blocks(weight, gguf.GGMLQuantizationType.Q8_0)
-    layer = Q8Linear.quantized(values, None)
-    assert np.array_equal(layer.steps[:, :4].numpy(), blocks[..., 0:2].copy().view(np.float16)[..., 0])
-    assert np.array_equal(layer.levels.numpy(), blocks[..., 2:].view(np.int8))
+    levels, steps, _ = Q8Linear.quantized(values, None).unpacked()
+    assert np.array_equal(steps.numpy(), blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    assert np.array_equal(levels.numpy(), blocks[..., 2:].view(np.int8).reshape(40, 128))
 
 
 def test_operands_the_kernels_do_not_take_are_refused():
