@@ -104,14 +104,19 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
   // go through the keys and values together in blocks of kKeys: each block is read from L2 once per
   // item and then from L1 for every query (one query at a time read all ~80 KB of a head's keys, then
   // its values, from L2). Each query's arithmetic is still its own, in key order.
+  // Items of fewer queries where there are few: about four items per thread (a one-token step has
+  // one query per head), up to kQueries.
   constexpr int64_t kQueries = 16, kKeys = 64;
-  const int64_t per_head = group * Q, chunks = (per_head + kQueries - 1) / kQueries;
+  const int64_t per_head = group * Q;
+  const int64_t per_item =
+      std::max<int64_t>(1, std::min<int64_t>(kQueries, KVH * per_head / (4 * at::get_num_threads())));
+  const int64_t chunks = (per_head + per_item - 1) / per_item;
   at::parallel_for(0, KVH * chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(kQueries * L);
     alignas(32) float acc[kQueries][tr::kMaxHeadDim];
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t kh = item / chunks, first = (item % chunks) * kQueries;
-      const int64_t R = std::min(kQueries, per_head - first);
+      const int64_t kh = item / chunks, first = (item % chunks) * per_item;
+      const int64_t R = std::min(per_item, per_head - first);
       const float* kb = kp + kh * ks1;
       const float* vb = vp + kh * vs1;
       int64_t head[kQueries], row[kQueries], visible[kQueries];
@@ -119,7 +124,7 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
       for (int64_t r = 0; r < R; ++r) {
         head[r] = kh * group + (first + r) / Q;
         row[r] = (first + r) % Q;
-        visible[r] = (!has_mask && causal && Q > 1) ? row[r] + 1 : L;
+        visible[r] = (!has_mask && causal && Q > 1) ? std::min(row[r] + 1, L) : L;
         top[r] = -std::numeric_limits<float>::infinity();
       }
       const float hidden = -std::numeric_limits<float>::infinity();

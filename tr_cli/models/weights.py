@@ -272,7 +272,8 @@ class _NativeLinear(_QuantizedLinear):
         return y[..., : self.out_features] if self.padded else y
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return self._linear(x, None)
+        y = self._linear(x, None)
+        return y[..., : self.out_features] if self.padded else y
 
     def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """What tr's kernels take for this layer (fused_layers.py passes them on): levels, steps,

@@ -226,6 +226,15 @@ def test_row_attention_is_scaled_dot_product_attention(queries, keys, mask_kind)
     assert torch.allclose(got.double(), sdpa_reference(q, k, v, mask, 0.125, mask_kind == "causal"), atol=2e-6)
 
 
+def test_causal_rows_over_fewer_keys_than_queries():
+    """Causal without a mask over fewer keys than queries (an op call transformers never makes): each
+    query sees the keys up to its own index that exist, and nothing past the keys is read."""
+    torch.manual_seed(4)
+    q, k, v = torch.randn(1, 9, 12, 64), torch.randn(1, 3, 5, 64), torch.randn(1, 3, 5, 64)
+    got = torch.ops.tr_kernels.row_attention(q, k, v, None, 0.125, True)
+    assert torch.allclose(got.double(), sdpa_reference(q, k, v, None, 0.125, True), atol=2e-6)
+
+
 def test_a_query_row_is_the_same_alone_and_over_the_compacted_keys():
     """What tree verification needs: a row's output does not depend on the other queries of the
     call, nor on hidden keys between the ones it sees (a tree's siblings), bit for bit."""
