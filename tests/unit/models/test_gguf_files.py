@@ -163,6 +163,26 @@ def test_a_cut_inside_the_header_says_so(tmp_path):
     assert "file ends inside the header (truncated?)" in refusal(path)
 
 
+def test_a_cut_inside_the_vocabulary_or_a_bogus_string_length_says_so(tmp_path):
+    """The string arrays (49,152 tokens, 48,900 merges in the packaged header) are skipped in one
+    tight loop: a file cut inside them, or a token whose length runs past the file, is refused."""
+    header = read_header(PACKAGED)
+    assert header.array_lengths["tokenizer.ggml.tokens"] == 49152
+    path = tmp_path / "cut.gguf"
+    with open(PACKAGED, "rb") as f:
+        path.write_bytes(f.read(header.data_start // 3))
+    assert "file ends inside the header (truncated?)" in refusal(path)
+    raw = bytearray(PACKAGED.read_bytes()[: header.data_start])
+    at = raw.find(b"tokenizer.ggml.tokens") + len(b"tokenizer.ggml.tokens") + 4 + 4 + 8  # types, count
+    for _ in range(1000):  # to the 1001st token's length
+        at += 8 + int.from_bytes(raw[at : at + 8], "little")
+    raw[at : at + 8] = (1 << 40).to_bytes(8, "little")
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(bytes(raw))
+    with pytest.raises(GGUFError, match="truncated"):
+        read_header(bogus)
+
+
 def test_arrays_nested_ten_thousand_deep_are_refused(tmp_path):
     path = nested_gguf(tmp_path / "nested.gguf", 10_000)
     with pytest.raises(RecursionError):  # what the readers after ours do with it
