@@ -144,13 +144,16 @@ at::Tensor tr::silu_mlp(const at::Tensor& x, const at::Tensor& gate_up_levels, c
       const float* g = gp + r * width;
       const float* u = g + inner;
       float* p = pp + r * inner;
-      for (int64_t i = 0; i < inner; i += 8) {
+      auto product8 = [&](__m256 gv, __m256 uv) {
+        return _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, tr::exp8(_mm256_xor_ps(gv, sign)))), uv);
+      };
+      int64_t i = 0;
+      for (; i + 8 <= inner; i += 8) _mm256_storeu_ps(p + i, product8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+      for (; i < inner; i += 8) {  // a width that is not a multiple of 8: the last lanes through a buffer
         alignas(32) float gl[8] = {}, ul[8] = {}, pl[8];
         const int64_t lanes = std::min<int64_t>(8, inner - i);
         for (int64_t l = 0; l < lanes; ++l) gl[l] = g[i + l], ul[l] = u[i + l];
-        const __m256 gv = _mm256_load_ps(gl);
-        const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, tr::exp8(_mm256_xor_ps(gv, sign))));
-        _mm256_store_ps(pl, _mm256_mul_ps(silu, _mm256_load_ps(ul)));
+        _mm256_store_ps(pl, product8(_mm256_load_ps(gl), _mm256_load_ps(ul)));
         for (int64_t l = 0; l < lanes; ++l) p[i + l] = pl[l];
       }
     }

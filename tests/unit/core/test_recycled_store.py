@@ -40,6 +40,26 @@ def test_continuations_match_a_brute_force_search():
         assert [c.match for c in got] == sorted((c.match for c in got), reverse=True)
 
 
+def test_conversations_indexed_as_they_join_answer_as_one_index_over_all():
+    """Each conversation that joins is indexed on its own at the next lookup (one more part); the
+    answers, order and limits included, equal those of a store indexed whole, through removals
+    (capacity, a conversation re-read from its start) and past the number of parts that merges them."""
+    g = torch.Generator().manual_seed(5)
+    growing = RecycledStore(vocab_size=5, capacity=900)
+    contexts = [torch.randint(0, 5, (9,), generator=g).tolist() for _ in range(12)]
+    for stamp in range(40):
+        doc = torch.randint(0, 5, (int(torch.randint(10, 60, (1,), generator=g)),), generator=g).tolist()
+        if stamp % 13 == 12:  # the last conversation continued: it replaces its earlier part
+            doc = growing.documents[-1].tokens.tolist() + doc
+        assert growing.add(doc, stamp)
+        whole = RecycledStore(vocab_size=5, capacity=900)
+        for old in growing.documents:
+            whole.add(old.tokens.tolist(), 0)
+        for context in contexts:
+            for limit in (1, 3, 50):
+                assert growing.continuations(context, 6, limit) == whole.continuations(context, 6, limit)
+
+
 def test_latest_first_and_no_crossing_between_conversations():
     store = RecycledStore(vocab_size=50)
     store.add([1, 2, 3, 4, 5, 6, 7, 8], stamp=1)
