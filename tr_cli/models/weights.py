@@ -268,11 +268,14 @@ class _NativeLinear(_QuantizedLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # One kernel call (it flattens the rows, adds the bias, shapes the output): ~120 calls a
         # step, where each Python line costs a microsecond or more.
-        y = self._linear(x if x.dtype is NATIVE_DTYPE else x.to(NATIVE_DTYPE), self.bias)
-        return y[..., : self.out_features] if self.padded else y
+        return self._outputs(x if x.dtype is NATIVE_DTYPE else x.to(NATIVE_DTYPE), self.bias)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._linear(x, None)
+        return self._outputs(x, None)
+
+    def _outputs(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """The kernel's outputs, the padding outputs cut off."""
+        y = self._linear(x, bias)
         return y[..., : self.out_features] if self.padded else y
 
     def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
