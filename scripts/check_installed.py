@@ -1,0 +1,94 @@
+"""Check an installed tr (a wheel in a fresh virtual environment: `make test-wheel`) the way a new
+user meets it: its files are inside the package, `tr --version` names it, `tr generate` decodes
+with the packaged model from a home that has never seen tr, and `tr matrix inspect` shows the
+matrix that run saved.
+
+Run it with the installed environment's Python from outside the repository, so that `tr_cli` is
+the installed copy and not the source tree:
+
+    cd /tmp && /path/to/venv/bin/python /path/to/scripts/check_installed.py
+
+Exits 1 with the first failed check; prints one line per check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# What a user of the installed package needs besides the Python modules (pyproject's package-data).
+SHIPPED = (
+    "seed/a9c399a0fbbd96b0-v49152-k8.safetensors",
+    "seed/a9c399a0fbbd96b0-v49152-k8.store.safetensors",
+    "data/sample_prompts.jsonl",
+    "models/quantized_matmul.cpp",
+    "models/tr_kernels.h",
+    "completions/tr.bash",
+    "completions/_tr",
+    "completions/tr.fish",
+)
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise CheckFailed(what)
+
+
+def run(tr: Path, home: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TR_", "XDG_"))}
+    env.update(HOME=str(home), HF_HUB_OFFLINE="1")
+    result = subprocess.run([str(tr), *args], env=env, capture_output=True, text=True, timeout=900)
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise CheckFailed(f"tr {' '.join(args)} exited {result.returncode}: {tail}")
+    return result
+
+
+def main() -> None:
+    import tr_cli
+
+    package = Path(tr_cli.__file__).resolve().parent
+    check("site-packages" in package.parts, f"tr_cli imported from {package}, not from an installed package")
+    print(f"installed: {package}")
+    missing = [name for name in SHIPPED if not (package / name).is_file()]
+    check(not missing, f"not in the installed package: {', '.join(missing)}")
+    print(f"shipped files: {len(SHIPPED)} present")
+
+    tr = Path(sys.executable).parent / "tr"
+    check(tr.is_file(), f"no tr script beside {sys.executable}")
+    with tempfile.TemporaryDirectory(prefix="tr-wheel-home-") as tmp:
+        home = Path(tmp)
+        version = run(tr, home, "--version").stdout.splitlines()
+        check(version[:1] == [f"tr {tr_cli.__version__}"], f"tr --version printed {version[:1]}")
+        check(len(version) == 3 and version[2].startswith("CPU: "), f"tr --version: {version}")
+        print(f"tr --version: {' | '.join(version)}")
+
+        generated = run(tr, home, "generate", "-n", "8", "-p", "Name three colours.")
+        check(generated.stdout.strip() != "", "tr generate printed no text")
+        summary = [line for line in generated.stderr.splitlines() if " tokens in " in line]
+        check(bool(summary) and summary[-1].startswith("8 tokens in "), f"tr generate's summary: {summary}")
+        print(f"tr generate: {summary[-1]}")
+
+        report = json.loads(run(tr, home, "matrix", "inspect", "--json").stdout)
+        path = Path(report["path"])
+        check(home in path.parents, f"matrix inspect shows {path}, not the matrix in the fresh home")
+        check(not report["starter"] and report["rows_filled"] > 0, f"matrix inspect: {report}")
+        store = report["store"] or {}
+        check(store.get("documents", 0) >= 1, f"the recycled store beside it: {store}")
+        print(f"tr matrix inspect: {report['rows_filled']:,} rows filled, {store['documents']} conversations stored")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except CheckFailed as failure:
+        print(f"check_installed: {failure}", file=sys.stderr)
+        sys.exit(1)
