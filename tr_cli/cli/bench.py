@@ -74,7 +74,7 @@ Plot = Annotated[
     typer.Option(
         "--plot",
         help="Also draw the report (.png, .svg or .pdf): tokens/s per method and category with speedups, "
-        "tokens per step, tokens/s per prompt. Needs the extra tr-cli\\[plot] (matplotlib). With several "
+        "tokens per step, tokens/s per prompt. Needs the extra tr-cli[plot] (matplotlib). With several "
         "passes, one file per pass (NAME-passN).",
     ),
 ]

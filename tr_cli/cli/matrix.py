@@ -57,7 +57,11 @@ ModelAndInput = Annotated[
     list[str], typer.Argument(metavar="[MODEL] INPUT", help="Optional model, then the matrix file to import.")
 ]
 
-app = typer.Typer(help="Manage the hot-start matrices (one per tokenizer, kept across sessions).", no_args_is_help=True)
+app = typer.Typer(
+    help="Manage the hot-start matrices (one per tokenizer, kept across sessions).",
+    no_args_is_help=True,
+    rich_markup_mode=None,  # plain help, as the main app's
+)
 stdout = Console(highlight=False, soft_wrap=True)
 
 
