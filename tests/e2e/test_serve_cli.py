@@ -303,8 +303,9 @@ def assert_openai_error(status: int, body: bytes, expected_status: int) -> dict:
         ("POST", "/v1/chat/completions", {}),
         ("POST", "/v1/chat/completions", {"Authorization": f"Bearer {API_KEY}x"}),
         ("POST", "/v1/completions", {"Authorization": API_KEY}),  # no "Bearer"
+        ("GET", "/metrics", {}),
     ],
-    ids=["models-no-key", "models-wrong-key", "chat-no-key", "chat-wrong-key", "completions-no-scheme"],
+    ids=["models-no-key", "models-wrong-key", "chat-no-key", "chat-wrong-key", "completions-no-scheme", "metrics"],
 )
 def test_api_key_from_the_environment_is_required(method, path, headers, keyed_server):
     logged = f'"{method} {path}" 401'  # the access log's line, written once the response is sent

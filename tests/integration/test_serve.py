@@ -24,6 +24,7 @@ import torch
 import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
 from tr_cli.core.sampling_config import SamplingConfig
@@ -32,6 +33,7 @@ from tr_cli.engine.options import DecodingOptions
 from tr_cli.serve.app import create_app
 from tr_cli.serve.connections import HEAD_SECONDS, with_head_deadline
 from tr_cli.serve.errors import ErrorResponse
+from tr_cli.serve.metrics import ServerMetrics
 from tr_cli.serve.requests import ServedModel
 from tr_cli.serve.schema import ChatCompletionRequest, CompletionRequest
 from tr_cli.serve.worker import DecodeWorker, Delta, Failed, Job
@@ -90,10 +92,20 @@ def served_model(engine, **extra) -> ServedModel:
 
 
 @contextmanager
-def running(engine, start_worker: bool = True, queue_size: int = 8, api_key: str | None = None, max_body: int = 65536):
+def running(
+    engine,
+    start_worker: bool = True,
+    queue_size: int = 8,
+    api_key: str | None = None,
+    max_body: int = 65536,
+    metrics: ServerMetrics | None = None,
+):
     """The app over the module's engine (its decoder keeps the last conversation between tests)."""
-    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids, queue_size=queue_size)
-    app = create_app(served_model(engine), worker, api_key=api_key, max_body=max_body)
+    loaded = engine.loaded
+    worker = DecodeWorker(
+        engine.decoder, loaded.tokenizer, loaded.eos_token_ids, queue_size=queue_size, metrics=metrics
+    )
+    app = create_app(served_model(engine), worker, api_key=api_key, max_body=max_body, metrics=metrics)
     if start_worker:
         worker.start()
     with Server(app) as server:
@@ -407,8 +419,12 @@ def test_state_is_saved_periodically_and_at_close_and_a_failing_save_is_not_fata
         if len(calls) == 1:
             raise OSError("No space left on device")  # the first save fails
 
-    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids, save=save, save_every=0)
-    with Server(create_app(served_model(engine), worker)) as server:
+    metrics = ServerMetrics()
+    loaded = engine.loaded
+    worker = DecodeWorker(
+        engine.decoder, loaded.tokenizer, loaded.eos_token_ids, save=save, save_every=0, metrics=metrics
+    )
+    with Server(create_app(served_model(engine), worker, metrics=metrics)) as server:
         worker.start()
         api = client(server)
         for saves in (1, 2):
@@ -421,6 +437,8 @@ def test_state_is_saved_periodically_and_at_close_and_a_failing_save_is_not_fata
         api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=3)  # still serving
     worker.close(timeout=30)
     assert calls[-1] is True  # at close the conversation ends and joins the store
+    saves = {s.labels["outcome"]: s.value for s in metrics.saves.collect()[0].samples if s.name.endswith("_total")}
+    assert saves == {"failed": 1, "ok": len(calls) - 1}
 
 
 class _LeavesDuringPrefill(Job):
@@ -743,3 +761,56 @@ def test_fuzzing_every_route_gets_no_5xx_and_only_openai_shaped_errors(engine):
 
 REQUIRED = {"model", "messages", "prompt"}
 FUZZED_PATHS = {"/health", "/v1/models", "/v1/models/{name}", "/v1/chat/completions", "/v1/completions"}
+
+
+def scrape(server: Server, **headers) -> dict:
+    """GET /metrics, parsed as Prometheus parses it: {sample name: {labels: value}}."""
+    response = httpx.get(server.url + "/metrics", headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/plain")
+    samples: dict = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return samples
+
+
+def test_metrics_count_what_was_served(engine):
+    with running(engine, metrics=ServerMetrics(), api_key="sesame") as server:
+        api = openai.OpenAI(base_url=server.url + "/v1", api_key="sesame", max_retries=0)
+        engine.decoder.reset()
+        reply = api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=24, temperature=0)
+        with pytest.raises(openai.BadRequestError):
+            api.chat.completions.create(model=NAME, messages=MESSAGES, n=2)
+        assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401  # behind the key
+        assert httpx.get(server.url + "/health", timeout=10).status_code == 200  # not behind it
+        m = scrape(server, Authorization="Bearer sesame")
+
+    def one(name: str, **labels) -> float:
+        return m[name][tuple(sorted(labels.items()))]
+
+    chat = "/v1/chat/completions"
+    assert one("tr_requests_total", route=chat, status="200") == 1
+    assert one("tr_requests_total", route=chat, status="400") == 1
+    assert one("tr_requests_total", route="/metrics", status="401") == 1
+    assert one("tr_requests_total", route="/health", status="200") == 1
+    usage, stats = reply.usage, reply.model_extra["tr"]
+    assert one("tr_prompt_tokens_total") == usage.prompt_tokens
+    assert one("tr_generated_tokens_total") == usage.completion_tokens
+    steps, step_tokens = one("tr_decode_steps_total"), one("tr_step_tokens_total")
+    assert steps == stats["steps"] > 0
+    assert step_tokens == usage.completion_tokens - 1  # the prefill emits the first token
+    assert step_tokens / steps == pytest.approx(stats["mean_accepted_tokens"], abs=1e-4)
+    # Each step emits its accepted drafts and at most one bonus token; a node counts for every
+    # source that drafted it.
+    accepted = m.get("tr_accepted_draft_tokens_total", {})
+    assert sum(accepted.values()) >= step_tokens - steps
+    assert {dict(labels)["source"] for labels in accepted} <= {"matrix", "lookup", "store"}
+    assert one("tr_time_to_first_token_seconds_count") == 1
+    assert one("tr_time_per_output_token_seconds_count") == 1
+    assert one("tr_queue_depth") == 0 and one("tr_decoding") == 0
+    assert one("tr_matrix_rows_filled") > 0
+
+
+def test_metrics_are_off_unless_asked_for(server):
+    assert httpx.get(server.url + "/metrics", timeout=10).status_code == 404

@@ -47,6 +47,13 @@ QueueSize = Annotated[
 SaveEvery = Annotated[
     float, typer.Option("--save-every", min=1.0, help="Save the matrix this often (seconds) while requests come.")
 ]
+Metrics = Annotated[
+    bool,
+    typer.Option(
+        "--metrics/--no-metrics",
+        help="Serve Prometheus metrics at /metrics (behind --api-key when one is set).",
+    ),
+]
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -110,6 +117,7 @@ def serve(
     api_key: ApiKey = None,
     queue: QueueSize = 8,
     save_every: SaveEvery = 300.0,
+    metrics: Metrics = True,
     *,
     options: DecodingOptions,
 ) -> None:
@@ -121,6 +129,7 @@ def serve(
 
     from ..serve.app import create_app
     from ..serve.connections import with_head_deadline
+    from ..serve.metrics import ServerMetrics
     from ..serve.requests import ServedModel
     from ..serve.worker import DecodeWorker
     from .setup import open_engine, save_state
@@ -138,6 +147,7 @@ def serve(
             default_max_tokens=options.max_new_tokens,
             default_sampling=options.sampling,
         )
+        counters = ServerMetrics() if metrics else None
         worker = DecodeWorker(
             engine.decoder,
             loaded.tokenizer,
@@ -145,9 +155,10 @@ def serve(
             queue_size=queue,
             save=lambda end: save_state(engine, announce=end, end_conversation=end),
             save_every=save_every,
+            metrics=counters,
         )
         _access_log()
-        app = create_app(served, worker, api_key=api_key.strip() if api_key else None)
+        app = create_app(served, worker, api_key=api_key.strip() if api_key else None, metrics=counters)
         config = uvicorn.Config(
             app,
             http=with_head_deadline(),

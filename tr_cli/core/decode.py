@@ -59,6 +59,7 @@ class _Step:
     tree: TreeSpec
     acceptance: Acceptance
     timings: StepTimings
+    placements: dict[int, Placement]  # by drafter index: where its nodes sat in the merged tree
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
@@ -214,6 +215,17 @@ class TokenRecyclingDecoder:
         positions = torch.arange(ids.shape[0], device=self.device) + self.cache.length
         return self._forward(ids, positions, self._mask(positions, causal_visibility(ids.shape[0], self.device)))
 
+    def _accepted_by_source(self, placements: dict[int, Placement], nodes: list[int]) -> dict[str, int]:
+        """How many of the emitted draft `nodes` (merged indices) each source had proposed."""
+        counts: dict[str, int] = {}
+        if nodes:
+            for index, placement in placements.items():
+                hits = len(set(nodes).intersection(placement.nodes))
+                if hits:
+                    name = self.drafters[index].name
+                    counts[name] = counts.get(name, 0) + hits
+        return counts
+
     def _learn(self, verification: Verification, placements: dict[int, Placement]) -> None:
         for index, drafter in enumerate(self.drafters):
             drafter.learn(verification, placements.get(index))
@@ -277,7 +289,7 @@ class TokenRecyclingDecoder:
         t4 = time.perf_counter()
         self.merge.observe(t4 - t0, len(acceptance.nodes))
         timings = StepTimings(draft=t1 - t0, forward=t2 - t1, verify=t3 - t2, update=t4 - t3)
-        return _Step(tokens, buffers.spec, acceptance, timings)
+        return _Step(tokens, buffers.spec, acceptance, timings, placements)
 
     # -- calibration -----------------------------------------------------------------------
 
@@ -369,6 +381,7 @@ class TokenRecyclingDecoder:
                 new_tokens=emitted,
                 timings=step.timings + StepTimings(update=compact),
                 finish_reason=reason,
+                accepted_by_source=self._accepted_by_source(step.placements, accepted.nodes[:keep]),
             )
 
     def generate(self, input_ids: list[int], stop: StopCondition, keep_events: bool = False) -> GenerationResult:

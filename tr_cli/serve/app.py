@@ -22,6 +22,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import __version__
 from .errors import ApiError
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .metrics import ServerMetrics
 from .openapi import ERROR_RESPONSES, request_body, use_document
 from .requests import ServedModel
 from .responses import SSE_DONE, SSE_KEEPALIVE, Reply, sse
@@ -34,6 +36,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024  # a long conversation is a few hundred kB of J
 BODY_READ_SECONDS = 10.0  # the longest pause allowed while a request body arrives
 _WAIT_SECONDS = 0.5  # how often a waiting request checks that its client is still there
 CLIENT_LEFT = 499  # nginx's status for a client that closed the connection before the response
+GUARDED = ("/v1", "/metrics")  # what the API key guards (/health stays open for load balancers)
 
 
 class _ClientLeft(Exception):
@@ -83,7 +86,7 @@ class RequestGate:
         await self.app(scope, replay, send)
 
     def _refuse_key(self, scope: Scope) -> ApiError | None:
-        if self.api_key is None or not scope["path"].startswith("/v1"):
+        if self.api_key is None or not scope["path"].startswith(GUARDED):
             return None
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
@@ -120,10 +123,12 @@ class RequestGate:
 
 
 class AccessLog:
-    """One line per request once its response has ended: status, tokens, tok/s, MAT, time."""
+    """One line per request once its response has ended: status, tokens, tok/s, MAT, time; and
+    the request counted in the metrics, when there are any."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics | None = None) -> None:
         self.app = app
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -141,7 +146,15 @@ class AccessLog:
         try:
             await self.app(scope, receive, watch)
         finally:
+            status = _final_status(scope, status)
             log.info(_access_line(scope, status, time.perf_counter() - start))
+            if self.metrics is not None:
+                self.metrics.request(scope["path"], status)
+
+
+def _final_status(scope: Scope, status: int) -> int:
+    """The status sent, or CLIENT_LEFT when the client left before reading the end of it."""
+    return CLIENT_LEFT if scope.get("state", {}).get("left_after") is not None else status
 
 
 def _access_line(scope: Scope, status: int, seconds: float) -> str:
@@ -149,8 +162,6 @@ def _access_line(scope: Scope, status: int, seconds: float) -> str:
     who = f"{client[0]}:{client[1]}" if client else "-"
     state = scope.get("state", {})
     left_after = state.get("left_after")
-    if left_after is not None:
-        status = CLIENT_LEFT  # whatever was sent before: nobody read the end of it
     parts = [f'{who} "{scope["method"]} {scope["path"]}" {status}']
     if left_after is not None:
         parts.append(f"the client left {left_after}")
@@ -214,7 +225,9 @@ def create_app(
     api_key: str | None = None,
     max_body: int = MAX_BODY_BYTES,
     body_read_seconds: float = BODY_READ_SECONDS,
+    metrics: ServerMetrics | None = None,
 ) -> FastAPI:
+    """The app; with `metrics`, GET /metrics serves them (behind the API key when one is set)."""
     app = FastAPI(title="tr serve", version=__version__, redoc_url=None)
     use_document(app, "The OpenAI API (chat and text completions, streamed or not), decoded with Token Recycling.")
 
@@ -239,6 +252,12 @@ def create_app(
 
     def _model_card() -> dict:
         return {"id": model.name, "object": "model", "created": int(time.time()), "owned_by": "tr"}
+
+    if metrics is not None:
+
+        @app.get("/metrics", include_in_schema=False)
+        async def scrape() -> Response:
+            return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -326,5 +345,5 @@ def create_app(
 
     # The outermost layer logs what the gate refused too.
     app.add_middleware(RequestGate, api_key=api_key, max_body=max_body, read_seconds=body_read_seconds)
-    app.add_middleware(AccessLog)
+    app.add_middleware(AccessLog, metrics=metrics)
     return app

@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..core import StopCondition, TokenRecyclingDecoder
 from ..core.errors import PrefillStopped
@@ -33,6 +34,9 @@ from ..core.events import GenerationResult, GenerationStats, track
 from ..core.sampling_config import SamplingConfig
 from ..text.reply_text import ReplyText
 from .errors import ApiError, server_error, unavailable
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
 
 log = logging.getLogger("tr.serve")
 
@@ -137,6 +141,7 @@ class DecodeWorker:
         queue_size: int = 8,
         save: Callable[[bool], None] | None = None,
         save_every: float = 300.0,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self.decoder = decoder
         self.tokenizer = tokenizer
@@ -152,6 +157,10 @@ class DecodeWorker:
         self.running: Job | None = None
         self.jobs_done = 0
         self._thread = threading.Thread(target=self._run, name="tr-decode", daemon=True)
+        self.metrics = metrics
+        if metrics is not None:
+            metrics.watch_queue(lambda: self.queued, lambda: self.busy)
+            self._record_sizes()
 
     def start(self) -> None:
         """Decode on a thread of its own."""
@@ -240,6 +249,24 @@ class DecodeWorker:
             self._save(end_conversation)
         except Exception:  # noqa: BLE001 - never fatal: the next save may work
             log.exception("saving the matrix failed")
+            saved = False
+        else:
+            saved = True
+        if self.metrics is not None:
+            self.metrics.saved(saved)
+            self._record_sizes()
+
+    def _record_sizes(self) -> None:
+        """The matrix's filled rows and the recycled store's size, for the metrics (read on this
+        thread, which alone writes them)."""
+        from ..core.matrix import rows_filled
+
+        store = next((d.store for d in self.decoder.drafters if d.name == "store"), None)
+        self.metrics.sizes(
+            rows_filled(self.decoder.matrix),
+            store.total_tokens if store is not None else None,
+            len(store.documents) if store is not None else None,
+        )
 
     def _reuse(self, prompt: list[int]) -> int:
         """Make the decoder hold the longest prefix of `prompt` it can; return how many prompt
@@ -288,8 +315,14 @@ class DecodeWorker:
         reason = None
         stop_requested = self._stop_requested(job)
         steps = self.decoder.steps(feed, stop, stop_requested)
+        accepted: dict[str, int] = {}
         try:
             for event in track(steps, result):
+                if self.metrics is not None:
+                    if event.step == 0:
+                        self.metrics.first_token_after(time.perf_counter() - job.enqueued)
+                    for source, count in event.accepted_by_source.items():
+                        accepted[source] = accepted.get(source, 0) + count
                 delta = reply.push(event.new_tokens)
                 if delta:
                     job.emit(Delta(delta, len(result.tokens)))
@@ -306,6 +339,9 @@ class DecodeWorker:
             return Failed(unavailable(f"generation stopped: {self._why()}"))
         finally:
             steps.close()
+            if self.metrics is not None:
+                self.metrics.decoded(result.stats, reused, accepted)
+                self._record_sizes()
         if reason is None:
             log.info("cut after %d tokens: %s", len(result.tokens), self._why())
             return Failed(unavailable(f"generation stopped: {self._why()}"))

@@ -17,6 +17,8 @@ from tiny_models import EOS, random_prompt, reference, tiny_model
 class Oracle(Drafter):
     """Drafts the next tokens of a known continuation (`wrong_every`: every n-th one spoiled)."""
 
+    name = "oracle"
+
     def __init__(self, continuation: list[int], prompt_length: int, length: int = 4, wrong_every: int = 0) -> None:
         self.continuation, self.prompt_length, self.length, self.wrong_every = (
             continuation,
@@ -103,6 +105,29 @@ def test_wrong_drafts_beside_the_matrix_tree_change_nothing_but_speed(model):
     trees = {e.tree.name for e in result.events if e.tree is not None}
     lookups = {f"+lookup{n}" for n in (1, 2, 3)} | {""}
     assert trees <= {f"small{lookup}{oracle}" for lookup in lookups for oracle in ("", "+oracle5")}
+
+
+def test_events_count_emitted_drafts_by_source(model):
+    ids = random_prompt(12, seed=4)
+    expected = reference(model, ids, 40)
+    alone = TokenRecyclingDecoder(model, tree=PRESETS["none"], drafters=[Oracle(expected, len(ids))])
+    events = alone.generate(ids, StopCondition.build(40, [EOS]), keep_events=True).events
+    # The only source: every emitted draft token is its own.
+    assert [e.accepted_by_source.get("oracle", 0) for e in events] == [len(e.accepted_nodes) for e in events]
+    assert sum(len(e.accepted_nodes) for e in events) > 10
+    assert all(set(e.accepted_by_source) <= {"oracle"} for e in events)
+
+    small = TreeSpec.from_paths("small", [[0], [1], [0, 0]])
+    oracle = Oracle(expected, len(ids), length=5, wrong_every=3)
+    mixed = TokenRecyclingDecoder(model, tree=small, drafters=[oracle])
+    events = mixed.generate(ids, StopCondition.build(40, [EOS]), keep_events=True).events
+    # Each emitted node was drafted by the matrix tree, the oracle or both (a node they drafted alike).
+    for event in events:
+        counts = event.accepted_by_source
+        assert set(counts) <= {"matrix", "oracle"}
+        assert all(0 < n <= len(event.accepted_nodes) for n in counts.values())
+        assert sum(counts.values()) >= len(event.accepted_nodes)
+    assert {source for e in events for source in e.accepted_by_source} == {"matrix", "oracle"}
 
 
 def test_tree_buffers_stay_bounded_while_the_tree_is_redesigned(model):

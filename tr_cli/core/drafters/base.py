@@ -75,6 +75,8 @@ class Placement:
 class Drafter(ABC):
     """A source of draft tokens."""
 
+    # The source's name where its work is counted (step events, the server's metrics).
+    name: str = "draft"
     # Whether `learn` wants the prompt's top-k candidates at the prefill (they cost a top-k over
     # every prompt position, so the decoder computes them only when some drafter asks).
     learns_from_prefill: bool = False

@@ -36,6 +36,8 @@ def draft_tree(matrix: torch.Tensor, root_token: int | torch.Tensor, buffers: Tr
 
 
 class MatrixTreeDrafter(Drafter):
+    name = "matrix"
+
     def __init__(
         self,
         matrix: torch.Tensor,
