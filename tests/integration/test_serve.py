@@ -814,3 +814,55 @@ def test_metrics_count_what_was_served(engine):
 
 def test_metrics_are_off_unless_asked_for(server):
     assert httpx.get(server.url + "/metrics", timeout=10).status_code == 404
+
+
+def compatibility_rows() -> list[tuple[str, str, str, object]]:
+    """docs/server.md's compatibility table: (field, endpoints, status, example value)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "server.md").read_text()
+    table = text.split("#### Compatibility", 1)[1]
+    rows = []
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 5 and cells[0].startswith("`"):
+            field, endpoints, status, example = cells[0].strip("`"), cells[1], cells[2], cells[3].strip("`")
+            rows.append((field, endpoints, status, json.loads(example)))
+    return rows
+
+
+ROWS = compatibility_rows()
+
+
+def test_the_compatibility_table_covers_the_request_fields():
+    fields = {field for field, *_ in ROWS}
+    declared = set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)
+    assert declared <= fields, f"not in docs/server.md's table: {sorted(declared - fields)}"
+    assert {status for _, _, status, _ in ROWS} == {"supported", "refused", "ignored"}
+
+
+@pytest.mark.parametrize(
+    "field, endpoint, status, example",
+    [
+        (field, endpoint, status, example)
+        for field, endpoints, status, example in ROWS
+        for endpoint in endpoints.split(", ")
+    ],
+    ids=lambda value: value if isinstance(value, str) else None,
+)
+def test_each_field_does_what_the_compatibility_table_says(server, field, endpoint, status, example):
+    body = {"model": NAME, "max_tokens": 2}
+    if endpoint == "chat":
+        path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": "Hi"}]
+    else:
+        path, body["prompt"] = "/v1/completions", "Once upon a time"
+    body[field] = example
+    response = httpx.post(server.url + path, json=body, timeout=60)
+    if status == "refused":
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error["param"] == field or field in error["message"], error
+    else:
+        assert response.status_code == 200, response.text
+        if not body.get("stream"):
+            assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
