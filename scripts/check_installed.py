@@ -20,17 +20,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-# What a user of the installed package needs besides the Python modules (pyproject's package-data).
-SHIPPED = (
-    "seed/a9c399a0fbbd96b0-v49152-k8.safetensors",
-    "seed/a9c399a0fbbd96b0-v49152-k8.store.safetensors",
-    "data/sample_prompts.jsonl",
-    "models/quantized_matmul.cpp",
-    "models/tr_kernels.h",
-    "completions/tr.bash",
-    "completions/_tr",
-    "completions/tr.fish",
-)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def tracked_data_files() -> set[str]:
+    """The files besides Python modules that the repository keeps under tr_cli/ (the starter
+    matrices, sample prompts, kernel sources, completions): all of them must ship."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "tr_cli"], capture_output=True, text=True, check=True)
+    names = {line.removeprefix("tr_cli/") for line in listed.stdout.splitlines()}
+    return {name for name in names if not name.endswith(".py")}
 
 
 class CheckFailed(Exception):
@@ -58,9 +56,13 @@ def main() -> None:
     package = Path(tr_cli.__file__).resolve().parent
     check("site-packages" in package.parts, f"tr_cli imported from {package}, not from an installed package")
     print(f"installed: {package}")
-    missing = [name for name in SHIPPED if not (package / name).is_file()]
-    check(not missing, f"not in the installed package: {', '.join(missing)}")
-    print(f"shipped files: {len(SHIPPED)} present")
+    wanted = tracked_data_files()
+    files = [path for path in package.rglob("*") if path.is_file() and path.suffix not in (".py", ".pyc")]
+    shipped = {str(path.relative_to(package)) for path in files}
+    check(wanted and not wanted - shipped, f"not in the installed package: {', '.join(sorted(wanted - shipped))}")
+    extra = shipped - wanted
+    check(not extra, f"in the installed package but not in the repository: {', '.join(sorted(extra))}")
+    print(f"data files: the {len(wanted)} the repository keeps under tr_cli/, no others")
 
     tr = Path(sys.executable).parent / "tr"
     check(tr.is_file(), f"no tr script beside {sys.executable}")
@@ -74,6 +76,9 @@ def main() -> None:
         generated = run(tr, home, "generate", "-n", "8", "-p", "Name three colours.")
         check(generated.stdout.strip() != "", "tr generate printed no text")
         summary = [line for line in generated.stderr.splitlines() if " tokens in " in line]
+        # tr's kernels build from the shipped sources on first use; a failed build falls back quietly.
+        fallback = [line for line in generated.stderr.splitlines() if "running torch's kernels" in line]
+        check(not fallback, f"tr's kernels did not build from the installed sources: {fallback}")
         check(bool(summary) and summary[-1].startswith("8 tokens in "), f"tr generate's summary: {summary}")
         print(f"tr generate: {summary[-1]}")
 

@@ -75,8 +75,8 @@ class StepEvent:
     new_tokens: list[int]  # what this step emits, after stop conditions
     timings: StepTimings
     finish_reason: str | None  # "eos", "length", "stop_string" on the last step
-    # Emitted draft tokens per source that drafted them (Drafter.name); a node two sources
-    # proposed alike counts for both.
+    # Emitted draft tokens per source that drafted them (Drafter.name); a node the planner merged
+    # from two sources' alike drafts counts for both.
     accepted_by_source: dict[str, int] = field(default_factory=dict)
 
 

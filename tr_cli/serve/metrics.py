@@ -70,6 +70,12 @@ class ServerMetrics:
         self.store_conversations = Gauge(
             "tr_recycled_store_conversations", "Conversations in the recycled store.", registry=r
         )
+        self.decodes = Counter(
+            "tr_decodes",
+            "Decodes by outcome: finished, stopped (the client left or the server is stopping), failed.",
+            ["outcome"],
+            registry=r,
+        )
         self.saves = Counter("tr_saves", "Saves of the matrix and store, by outcome.", ["outcome"], registry=r)
 
     def watch_queue(self, queued: Callable[[], int], busy: Callable[[], bool]) -> None:

@@ -256,12 +256,27 @@ class DecodeWorker:
             self.metrics.saved(saved)
             self._record_sizes()
 
+    def _outcome(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.decodes.labels(outcome=outcome).inc()
+
+    def _count(self, result: GenerationResult, reused: int, accepted: dict[str, int]) -> None:
+        """A decode's numbers into the metrics; a failure there is logged, never the request's."""
+        if self.metrics is None:
+            return
+        try:
+            self.metrics.decoded(result.stats, reused, accepted)
+            self._record_sizes()
+        except Exception:  # noqa: BLE001 - the reply is already decoded
+            log.exception("recording the metrics failed")
+
     def _record_sizes(self) -> None:
         """The matrix's filled rows and the recycled store's size, for the metrics (read on this
         thread, which alone writes them)."""
+        from ..core.drafters.store_lookup import StoreLookupDrafter
         from ..core.matrix import rows_filled
 
-        store = next((d.store for d in self.decoder.drafters if d.name == "store"), None)
+        store = next((d.store for d in self.decoder.drafters if isinstance(d, StoreLookupDrafter)), None)
         self.metrics.sizes(
             rows_filled(self.decoder.matrix),
             store.total_tokens if store is not None else None,
@@ -287,12 +302,15 @@ class DecodeWorker:
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
             log.exception("decoding failed")
             self.decoder.reset()  # its state is unknown now
-            job.emit(Failed(server_error(f"decoding failed: {exc}")))
+            finish = Failed(server_error(f"decoding failed: {exc}"))
+            self._outcome("failed")
+            job.emit(finish)
             return
         finally:
             self._unsaved = True
             self.jobs_done += 1
             self._durations.append(time.perf_counter() - self._running_since)
+        self._outcome("finished" if isinstance(finish, Finished) else "stopped")
         job.emit(finish)
 
     def _stop_requested(self, job: Job) -> Callable[[], bool]:
@@ -339,9 +357,7 @@ class DecodeWorker:
             return Failed(unavailable(f"generation stopped: {self._why()}"))
         finally:
             steps.close()
-            if self.metrics is not None:
-                self.metrics.decoded(result.stats, reused, accepted)
-                self._record_sizes()
+            self._count(result, reused, accepted)
         if reason is None:
             log.info("cut after %d tokens: %s", len(result.tokens), self._why())
             return Failed(unavailable(f"generation stopped: {self._why()}"))
