@@ -858,7 +858,10 @@ def test_each_field_does_what_the_compatibility_table_says(server, field, endpoi
         path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": "Hi"}]
     else:
         path, body["prompt"] = "/v1/completions", "Once upon a time"
-    body[field] = example
+    if isinstance(example, dict) and field in example:
+        body.update(example)  # a field that needs another beside it
+    else:
+        body[field] = example
     response = httpx.post(server.url + path, json=body, timeout=60)
     if status == "refused":
         assert response.status_code == 400, response.text
@@ -869,3 +872,78 @@ def test_each_field_does_what_the_compatibility_table_says(server, field, endpoi
         assert response.status_code == 200, response.text
         if not body.get("stream"):
             assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def reference_logprobs(engine, prompt_ids: list[int], max_new: int) -> tuple[list[int], torch.Tensor]:
+    """generate's greedy tokens (up to and with EOS) and the log-softmax of its logits at each."""
+    model = engine.loaded.model
+    prompt = torch.tensor([prompt_ids])
+    out = model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=engine.loaded.eos_token_ids[0],
+        pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    return out.sequences[0, len(prompt_ids) :].tolist(), torch.log_softmax(torch.cat(out.logits).float(), dim=-1)
+
+
+def test_logprobs_are_the_models_own_streamed_or_not(engine, server):
+    api = client(server)
+    tokens, logs = reference_logprobs(engine, rendered(engine, MESSAGES), 16)
+    eos = engine.loaded.eos_token_ids[0]
+    shown = [t for t in tokens if t != eos]
+    engine.decoder.reset()
+    whole = api.chat.completions.create(
+        model=NAME, messages=MESSAGES, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = whole.choices[0].logprobs.content
+    assert len(content) == len(shown) > 0
+    tokenizer = engine.loaded.tokenizer
+    for i, (entry, token) in enumerate(zip(content, shown, strict=True)):
+        assert entry.token == tokenizer.decode([token])
+        assert entry.bytes == list(entry.token.encode())
+        assert entry.logprob == pytest.approx(logs[i, token].item(), abs=1e-4)
+        best = torch.topk(logs[i], 3)
+        assert [alt.logprob for alt in entry.top_logprobs] == pytest.approx(best.values.tolist(), abs=1e-4)
+    streamed = api.chat.completions.create(
+        model=NAME, messages=MESSAGES, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3, stream=True
+    )
+    pieces = [
+        entry
+        for chunk in streamed
+        if chunk.choices and chunk.choices[0].logprobs
+        for entry in chunk.choices[0].logprobs.content
+    ]
+    assert [(e.token, round(e.logprob, 4)) for e in pieces] == [(e.token, round(e.logprob, 4)) for e in content]
+    without = api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=4, temperature=0)
+    assert without.choices[0].logprobs is None
+
+
+def test_text_completion_logprobs_and_a_stop_string(engine, server):
+    api = client(server)
+    ids = random_prompt(10, seed=11)
+    tokenizer = engine.loaded.tokenizer
+    prompt = tokenizer.decode(ids)
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=True)
+    tokens, logs = reference_logprobs(engine, prompt_ids, 12)
+    eos = engine.loaded.eos_token_ids[0]
+    shown = [t for t in tokens if t != eos]
+    reply = api.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0, logprobs=2)
+    lp = reply.choices[0].logprobs
+    assert lp.tokens == [tokenizer.decode([t]) for t in shown]
+    assert lp.token_logprobs == pytest.approx([logs[i, t].item() for i, t in enumerate(shown)], abs=1e-4)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    # A stop string cuts the reply: only the tokens whose text shows keep their entries.
+    text = reply.choices[0].text
+    at = next(i for i in range(1, len(lp.tokens)) if lp.tokens[i].strip() and text.find(lp.tokens[i].strip()) > 0)
+    stop = lp.tokens[at].strip()
+    cut = api.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0, logprobs=0, stop=[stop])
+    kept = cut.choices[0].logprobs.tokens
+    assert cut.choices[0].text == text[: text.find(stop)]
+    assert 0 < len(kept) <= at + 1 and "".join(kept).startswith(cut.choices[0].text)
+    assert len(kept) < len(lp.tokens)

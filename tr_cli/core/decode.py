@@ -28,6 +28,7 @@ from .errors import PrefillStopped
 from .events import GenerationResult, GenerationStats, StepEvent, StepTimings, track
 from .forward import make_forward
 from .kv_cache import CompactingCache
+from .logprobs import MAX_TOP, TokenLogprob, token_logprobs
 from .matrix import DEFAULT_K, new_matrix, output_vocab_size
 from .sampling import Sampler
 from .sampling_config import SamplingConfig
@@ -60,6 +61,7 @@ class _Step:
     acceptance: Acceptance
     timings: StepTimings
     placements: dict[int, Placement]  # by drafter index: where its nodes sat in the merged tree
+    logprobs: list[TokenLogprob] | None  # of the accepted tokens and the bonus, when asked for
 
 
 def _cache_keyword(model: torch.nn.Module) -> str:
@@ -114,6 +116,7 @@ class TokenRecyclingDecoder:
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
         self.forward_pass = make_forward(model, _cache_keyword(model))
         self.set_sampling(sampling)
+        self.set_logprobs(None)
         self.reset()
         if tree is None and cost is not None:
             self.use_cost_model(cost(self) if callable(cost) else cost)
@@ -150,6 +153,16 @@ class TokenRecyclingDecoder:
         config starts its random stream afresh from its seed."""
         self.sampling = sampling if sampling is not None else SamplingConfig.greedy()
         self.sampler = None if self.sampling.is_greedy else Sampler(self.sampling)
+
+    def set_logprobs(self, top: int | None) -> None:
+        """From the next token on, give each emitted token's log-probability and the `top` most
+        likely tokens there (0 to MAX_TOP) in the step events; None: none (nothing computed)."""
+        if top is not None and not 0 <= top <= MAX_TOP:
+            raise ValueError(f"top log-probabilities: 0 to {MAX_TOP}, got {top}")
+        self.logprob_top = top
+
+    def _logprobs(self, logits: torch.Tensor, rows: list[int], tokens: list[int]) -> list[TokenLogprob] | None:
+        return None if self.logprob_top is None else token_logprobs(logits, rows, tokens, self.logprob_top)
 
     def reset(self) -> None:
         """Forget the conversation (the matrix stays)."""
@@ -231,7 +244,9 @@ class TokenRecyclingDecoder:
             drafter.learn(verification, placements.get(index))
 
     @torch.inference_mode()
-    def _prefill(self, ids: list[int], stop_requested: Callable[[], bool] | None) -> tuple[int, StepTimings]:
+    def _prefill(
+        self, ids: list[int], stop_requested: Callable[[], bool] | None
+    ) -> tuple[int, list[TokenLogprob] | None, StepTimings]:
         """Run new tokens through the model in chunks; return the next token (greedy or sampled).
         `stop_requested` is asked before each chunk: a long prompt nobody waits for any more
         stops there (PrefillStopped), the cache keeping the chunks already read."""
@@ -254,8 +269,9 @@ class TokenRecyclingDecoder:
                     drafter.learn(verification, None)
                 update += time.perf_counter() - u0
         first = self.sampler.first_token(last_logits, self.tokens) if self.sampler else int(last_logits.argmax())
+        logprobs = self._logprobs(last_logits.view(1, -1), [0], [first])
         total = time.perf_counter() - t0
-        return first, StepTimings(forward=total - update, update=update)
+        return first, logprobs, StepTimings(forward=total - update, update=update)
 
     def _draft(self) -> tuple[TreeBuffers, torch.Tensor, dict[int, Placement]]:
         """Every drafter's proposal, merged under the pending token."""
@@ -284,12 +300,15 @@ class TokenRecyclingDecoder:
             acceptance = self.sampler.accept(tokens, logits, buffers, self.tokens)
         else:
             acceptance = greedy_accept(tokens, logits, buffers, top.argmax(logits))
+        # Each emitted token's distribution: its parent's row (the root's for the first).
+        emitted = [*acceptance.tokens, acceptance.bonus]
+        logprobs = self._logprobs(logits, [0, *acceptance.nodes], emitted)
         t3 = time.perf_counter()
         self._learn(Verification(tokens, top.indices, acceptance.correct, buffers), placements)
         t4 = time.perf_counter()
         self.merge.observe(t4 - t0, len(acceptance.nodes))
         timings = StepTimings(draft=t1 - t0, forward=t2 - t1, verify=t3 - t2, update=t4 - t3)
-        return _Step(tokens, buffers.spec, acceptance, timings, placements)
+        return _Step(tokens, buffers.spec, acceptance, timings, placements, logprobs)
 
     # -- calibration -----------------------------------------------------------------------
 
@@ -340,7 +359,7 @@ class TokenRecyclingDecoder:
         self._append(list(input_ids))
         generated: list[int] = []
 
-        first, timings = self._prefill(feed, stop_requested)
+        first, first_logprobs, timings = self._prefill(feed, stop_requested)
         self.pending = first
         _, reason = stop.cut(generated, [first])
         generated.append(first)
@@ -355,6 +374,7 @@ class TokenRecyclingDecoder:
             new_tokens=[first],
             timings=timings,
             finish_reason=reason,
+            logprobs=first_logprobs,
         )
 
         number = 0
@@ -382,6 +402,7 @@ class TokenRecyclingDecoder:
                 timings=step.timings + StepTimings(update=compact),
                 finish_reason=reason,
                 accepted_by_source=self._accepted_by_source(step.placements, accepted.nodes[:keep]),
+                logprobs=None if step.logprobs is None else step.logprobs[:keep],
             )
 
     def generate(self, input_ids: list[int], stop: StopCondition, keep_events: bool = False) -> GenerationResult:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 
 import torch
 
+from .logprobs import TokenLogprob
 from .tree import TreeSpec
 
 # The phases of a decoding step, in order: ask the drafters, run the model, accept, learn.
@@ -78,6 +79,8 @@ class StepEvent:
     # Emitted draft tokens per source that drafted them (Drafter.name); a node the planner merged
     # from two sources' alike drafts counts for both.
     accepted_by_source: dict[str, int] = field(default_factory=dict)
+    # One per new token when the decoder was asked for them (TokenRecyclingDecoder.set_logprobs).
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass

@@ -291,7 +291,7 @@ def create_app(
                 code="queue_full",
                 headers={"Retry-After": str(full.retry_after)},
             ) from None
-        reply = Reply(chat, model.name)
+        reply = Reply(chat, model.name, model.token_text)
         if parsed.stream:
             return StreamingResponse(
                 _stream(job, reply, request, parsed.include_usage()),
@@ -316,7 +316,7 @@ def create_app(
                     yield SSE_KEEPALIVE
                 elif isinstance(item, Delta):
                     generated = item.generated
-                    yield sse(reply.chunk(item.text))
+                    yield sse(reply.chunk(item.text, logprobs=item.logprobs))
                 elif isinstance(item, Failed):
                     request.state.error = item.error.message
                     ended = True

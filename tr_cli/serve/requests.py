@@ -36,6 +36,10 @@ class ServedModel:
     def __post_init__(self) -> None:
         self.encoder = ConversationEncoder(self.tokenizer)
 
+    def token_text(self, token: int) -> str:
+        """A token's text as log-probabilities name it."""
+        return self.tokenizer.decode([token])
+
     @cached_property
     def longest_token(self) -> int:
         return longest_token_chars(self.tokenizer)
@@ -138,4 +142,4 @@ class ServedModel:
         else:
             prompt = self.completion_prompt(request)
         budget = self.budget(prompt, request.requested_tokens())
-        return Job(prompt, budget, self.sampling(request), stops, loop=loop)
+        return Job(prompt, budget, self.sampling(request), stops, logprobs=request.logprob_top(), loop=loop)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from .. import __version__
+from ..core.logprobs import TokenLogprob
 from .worker import Finished
 
 FINGERPRINT = f"tr-{__version__}"
@@ -34,16 +36,61 @@ def decode_stats(finished: Finished) -> dict:
     }
 
 
+def _described(text: str, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def chat_logprobs(entries: Sequence[TokenLogprob], token_text: Callable[[int], str]) -> dict:
+    """The chat API's `logprobs`: per token its text, log-probability, UTF-8 bytes and the most
+    likely tokens there."""
+    content = [
+        {
+            **_described(token_text(entry.token), entry.logprob),
+            "top_logprobs": [_described(token_text(token), logprob) for token, logprob in entry.top],
+        }
+        for entry in entries
+    ]
+    return {"content": content, "refusal": None}
+
+
+def text_logprobs(entries: Sequence[TokenLogprob], token_text: Callable[[int], str], offset: int = 0) -> dict:
+    """The completions API's `logprobs`: parallel lists, the text offsets counted from `offset`
+    (where this part of the reply starts)."""
+    tokens = [token_text(entry.token) for entry in entries]
+    offsets = []
+    for text in tokens:
+        offsets.append(offset)
+        offset += len(text)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [entry.logprob for entry in entries],
+        "top_logprobs": [{token_text(t): lp for t, lp in entry.top} for entry in entries],
+        "text_offset": offsets,
+    }
+
+
 @dataclass
 class Reply:
-    """One response's identity (chat or text completion) and its builders."""
+    """One response's identity (chat or text completion) and its builders. `token_text` names a
+    token in log-probabilities."""
 
     chat: bool
     model: str
+    token_text: Callable[[int], str] = field(default=str, repr=False)
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self._text_offset = 0  # streamed completions: where the next chunk's text starts
+
+    def _logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict | None:
+        if entries is None:
+            return None
+        if self.chat:
+            return chat_logprobs(entries, self.token_text)
+        rendered = text_logprobs(entries, self.token_text, self._text_offset)
+        self._text_offset += sum(len(text) for text in rendered["tokens"])
+        return rendered
 
     def _head(self, object_name: str) -> dict:
         return {
@@ -60,26 +107,35 @@ class Reply:
             choice = {
                 "index": 0,
                 "message": {"role": "assistant", "content": finished.text},
-                "logprobs": None,
+                "logprobs": self._logprobs(finished.logprobs),
                 "finish_reason": finished.finish_reason,
             }
             head = self._head("chat.completion")
         else:
-            choice = {"index": 0, "text": finished.text, "logprobs": None, "finish_reason": finished.finish_reason}
+            logprobs = self._logprobs(finished.logprobs)
+            choice = {"index": 0, "text": finished.text, "logprobs": logprobs, "finish_reason": finished.finish_reason}
             head = self._head("text_completion")
         return {**head, "choices": [choice], "usage": usage(finished), "tr": decode_stats(finished)}
 
-    def chunk(self, text: str | None = None, finish_reason: str | None = None, first: bool = False) -> dict:
-        """A streamed chunk with text (the first chat chunk also names the role)."""
+    def chunk(
+        self,
+        text: str | None = None,
+        finish_reason: str | None = None,
+        first: bool = False,
+        logprobs: Sequence[TokenLogprob] | None = None,
+    ) -> dict:
+        """A streamed chunk with text (the first chat chunk also names the role) and the
+        log-probabilities of the tokens it shows, when asked for."""
+        rendered = self._logprobs(logprobs)
         if self.chat:
             delta: dict = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": 0, "delta": delta, "logprobs": rendered, "finish_reason": finish_reason}
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text or "", "logprobs": rendered, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def last_chunk(self, finished: Finished) -> dict:

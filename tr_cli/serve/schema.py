@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..core.logprobs import MAX_TOP
 from ..text.input_text import unicode_problem
 from .errors import ApiError
 
@@ -82,7 +83,6 @@ class GenerationRequest(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
     best_of: int | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
@@ -107,8 +107,6 @@ class GenerationRequest(BaseModel):
                 raise ApiError(400, f"{name} is not supported (use repetition_penalty)", param=name)
         if self.logit_bias:
             raise ApiError(400, "logit_bias is not supported", param="logit_bias")
-        if self.logprobs not in (None, False, 0):
-            raise ApiError(400, "logprobs are not supported", param="logprobs")
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -117,9 +115,20 @@ class ChatCompletionRequest(GenerationRequest):
     tools: list[Any] | None = None
     functions: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP)] | None = None
 
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def logprob_top(self) -> int | None:
+        """How many most likely tokens to report beside each token's log-probability; None: no
+        log-probabilities."""
+        if not self.logprobs:
+            if self.top_logprobs is not None:
+                raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
 
     def unsupported(self) -> None:
         super().unsupported()
@@ -140,9 +149,15 @@ class CompletionRequest(GenerationRequest):
     prompt: str | list[str] | list[int]
     echo: bool = False
     suffix: str | None = None
+    # The legacy API's logprobs: how many most likely tokens beside each one (OpenAI allows 5).
+    logprobs: Annotated[int, Field(ge=0, le=MAX_TOP)] | None = None
 
     def requested_tokens(self) -> int | None:
         return self.max_tokens
+
+    def logprob_top(self) -> int | None:
+        """As the chat request's: here the field itself is the count."""
+        return self.logprobs
 
     def unsupported(self) -> None:
         super().unsupported()

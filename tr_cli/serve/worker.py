@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from ..core import StopCondition, TokenRecyclingDecoder
 from ..core.errors import PrefillStopped
 from ..core.events import GenerationResult, GenerationStats, track
+from ..core.logprobs import TokenLogprob
 from ..core.sampling_config import SamplingConfig
 from ..text.reply_text import ReplyText
 from .errors import ApiError, server_error, unavailable
@@ -49,6 +50,7 @@ _POLL_SECONDS = 0.2  # how often an idle worker looks at saves and shutdown
 class Delta:
     text: str
     generated: int  # tokens generated so far (the text may hold some back for stop strings)
+    logprobs: tuple[TokenLogprob, ...] | None = None  # of the tokens this text shows first, when asked
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class Finished:
     result: GenerationResult
     reused: int  # prompt tokens whose keys and values came from the cache
     queue_seconds: float
+    logprobs: tuple[TokenLogprob, ...] | None = None  # of the reply's tokens, when asked
 
     @property
     def stats(self) -> GenerationStats:
@@ -80,6 +83,7 @@ class Job:
     max_new_tokens: int
     sampling: SamplingConfig
     stops: tuple[str, ...] = ()
+    logprobs: int | None = None  # the most likely tokens to give beside each token's; None: no logprobs
     enqueued: float = field(default_factory=time.perf_counter)
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)  # the requester's (default: running)
     _inbox: asyncio.Queue | None = None
@@ -298,6 +302,7 @@ class DecodeWorker:
         try:
             reused = self._reuse(job.prompt)
             self.decoder.set_sampling(job.sampling)
+            self.decoder.set_logprobs(job.logprobs)
             finish = self._decode(job, reused, queue_seconds)
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
             log.exception("decoding failed")
@@ -334,6 +339,7 @@ class DecodeWorker:
         stop_requested = self._stop_requested(job)
         steps = self.decoder.steps(feed, stop, stop_requested)
         accepted: dict[str, int] = {}
+        logprobs = _Logprobs(reply) if job.logprobs is not None else None
         try:
             for event in track(steps, result):
                 if self.metrics is not None:
@@ -342,8 +348,10 @@ class DecodeWorker:
                     for source, count in event.accepted_by_source.items():
                         accepted[source] = accepted.get(source, 0) + count
                 delta = reply.push(event.new_tokens)
+                if logprobs is not None:
+                    logprobs.add(event.logprobs)
                 if delta:
-                    job.emit(Delta(delta, len(result.tokens)))
+                    job.emit(Delta(delta, len(result.tokens), logprobs.shown() if logprobs else None))
                 reason = event.finish_reason
                 if reason is None and reply.stopped:
                     reason = "stop_string"  # a stop string longer than the decoder's look-back
@@ -363,5 +371,29 @@ class DecodeWorker:
             return Failed(unavailable(f"generation stopped: {self._why()}"))
         rest = reply.finish()
         if rest:
-            job.emit(Delta(rest, len(result.tokens)))
-        return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds)
+            job.emit(Delta(rest, len(result.tokens), logprobs.shown() if logprobs else None))
+        every = None if logprobs is None else logprobs.all_shown()
+        return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds, every)
+
+
+class _Logprobs:
+    """A reply's token log-probabilities, handed out as the text that shows their tokens is sent
+    (held-back text holds them back too; tokens past a stop string never show)."""
+
+    def __init__(self, reply: ReplyText) -> None:
+        self.reply = reply
+        self.entries: list[TokenLogprob] = []
+        self.given = 0
+
+    def add(self, entries: list[TokenLogprob] | None) -> None:
+        self.entries.extend(entries or ())
+
+    def shown(self) -> tuple[TokenLogprob, ...]:
+        """The entries of the tokens the text sent since the last call shows."""
+        upto = self.reply.tokens_shown()
+        out = tuple(self.entries[self.given : upto])
+        self.given = max(self.given, upto)
+        return out
+
+    def all_shown(self) -> tuple[TokenLogprob, ...]:
+        return tuple(self.entries[: self.reply.tokens_shown()])

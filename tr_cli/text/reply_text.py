@@ -8,6 +8,7 @@ lost, and it equals the streamed deltas joined.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 from .streaming import IncrementalDecoder
@@ -41,12 +42,15 @@ class ReplyText:
         self._sent = 0
         self.stopped = False  # a stop string was found: nothing more is sent
         self._final: str | None = None  # the whole text, once finished
+        self._starts: list[int] = []  # where each token's text starts in the text
 
     def push(self, tokens: list[int]) -> str:
         """Take new tokens; return the text that can be sent now."""
         if self.stopped:
             return ""
-        self._text += self._decoder.push(tokens)
+        for token in tokens:  # one at a time: where each token's text starts
+            self._starts.append(len(self._text))
+            self._text += self._decoder.push([token])
         cut = first_stop(self._text, self.stops)
         if cut is not None:
             self.stopped = True
@@ -67,6 +71,11 @@ class ReplyText:
         full = self.tokenizer.decode(self._decoder.tokens, skip_special_tokens=True)
         cut = first_stop(full, self.stops)
         return full if cut is None else full[:cut]
+
+    def tokens_shown(self) -> int:
+        """How many leading tokens have text in what was sent so far (after `finish`: in the whole
+        reply). A token past a stop string, or with no text (EOS), is never shown."""
+        return bisect_left(self._starts, self._sent)  # the starts never decrease
 
     def _advance(self, end: int, text: str | None = None) -> str:
         source = self._text if text is None else text

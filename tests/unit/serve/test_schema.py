@@ -146,7 +146,6 @@ def test_model_is_required():
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"frequency_penalty": -1.0}, "frequency_penalty"),
         ({"logit_bias": {"42": 5.0}}, "logit_bias"),
-        ({"logprobs": True}, "logprobs"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"functions": [{"name": "f"}]}, "tools"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
@@ -158,10 +157,23 @@ def test_chat_refuses_what_tr_cannot_honour(fields, param):
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"echo": True}, "echo"), ({"suffix": "The end."}, "suffix"), ({"logprobs": 5}, "logprobs"), ({"n": 3}, "n")],
+    [({"echo": True}, "echo"), ({"suffix": "The end."}, "suffix"), ({"n": 3}, "n")],
 )
 def test_completion_refuses_what_tr_cannot_honour(fields, param):
     refused(text(**fields).unsupported, param)
+
+
+def test_logprobs_read_as_the_count_of_most_likely_tokens():
+    assert chat().logprob_top() is None and chat(logprobs=False).logprob_top() is None
+    assert chat(logprobs=True).logprob_top() == 0
+    assert chat(logprobs=True, top_logprobs=5).logprob_top() == 5
+    refused(lambda: chat(top_logprobs=2).logprob_top(), "top_logprobs")  # needs logprobs: true
+    assert text().logprob_top() is None and text(logprobs=0).logprob_top() == 0 and text(logprobs=3).logprob_top() == 3
+    for bad in ({"top_logprobs": 21, "logprobs": True}, {"top_logprobs": -1, "logprobs": True}):
+        with pytest.raises(ValidationError):
+            chat(**bad)
+    with pytest.raises(ValidationError):
+        text(logprobs=21)
 
 
 def test_penalties_refusal_points_to_repetition_penalty():
