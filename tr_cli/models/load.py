@@ -16,6 +16,7 @@ from .progress import Status, quiet
 from .resolve import ModelSource, resolve_model
 from .runtime import NATIVE_DTYPE, Runtime
 from .weights import quantize
+from .weights_cache import cache_key, remembered
 
 
 @dataclass
@@ -179,6 +180,25 @@ def load_model(
         model = model.to(torch_device)
     model.eval()
     if not runtime.weights.dense:
-        status(f"Quantizing {source.model_id}'s weights to {runtime.weights}")
-        quantize(model, runtime.weights)
+        _quantize(model, runtime, Path(location), cache / "quantized", source.model_id, status)
     return LoadedModel(model, tokenizer, source, runtime)
+
+
+def _quantize(model: torch.nn.Module, runtime: Runtime, location: Path, root: Path, name: str, status: Status) -> None:
+    """Quantize as `runtime` says, taking the buffers an earlier start stored under `root` for
+    this checkpoint and mode (weights_cache.py) where it can, and storing them where it cannot."""
+    from .. import __version__
+
+    if not location.is_dir():  # not a local checkpoint directory: nothing to key a cache by
+        status(f"Quantizing {name}'s weights to {runtime.weights}")
+        quantize(model, runtime.weights)
+        return
+    path = root / f"{cache_key(location, str(runtime.weights), runtime.dtype_name, __version__)}.safetensors"
+    stored = path.is_file()
+    status(
+        f"Reading {name}'s {runtime.weights} weights, quantized at an earlier start"
+        if stored
+        else f"Quantizing {name}'s weights to {runtime.weights} (kept for later starts)"
+    )
+    with remembered(path):
+        quantize(model, runtime.weights)

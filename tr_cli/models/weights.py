@@ -49,6 +49,7 @@ from .device import dtype_name
 from .fused_layers import fuse_layers
 from .row_attention import use_row_attention
 from .runtime import NATIVE_DTYPE, QUANTIZED_DTYPE
+from .weights_cache import quantized_buffers
 from .weights_mode import DENSE, WeightsMode
 
 INT4_GROUP = 32
@@ -89,7 +90,8 @@ class _QuantizedLinear(nn.Module):
     def quantized(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> _QuantizedLinear:
         """`weight` (out, in) quantized into a new layer."""
         out_features, in_features = weight.shape
-        return cls(in_features, out_features, bias, cls._quantize(weight.detach().float()))
+        buffers = quantized_buffers(cls.__name__, weight.detach().float(), cls._quantize)
+        return cls(in_features, out_features, bias, buffers)
 
     @staticmethod
     def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -249,7 +251,7 @@ class _NativeLinear(_QuantizedLinear):
         padded = _columns_padded(weight.detach().float())
         if bias is not None and padded.shape[0] != out_features:
             bias = F.pad(bias.detach(), (0, padded.shape[0] - out_features))
-        layer = cls(in_features, padded.shape[0], bias, cls._quantize(padded))
+        layer = cls(in_features, padded.shape[0], bias, quantized_buffers(cls.__name__, padded, cls._quantize))
         layer.out_features = out_features
         return layer
 
