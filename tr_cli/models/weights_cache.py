@@ -25,14 +25,14 @@ import torch
 
 # Bump when a kind's buffers change for the same weight (a new packing, rounding, padding).
 PACKING_VERSION = 1
-_SAMPLES = 61  # values of each weight compared with the stored run's
+_SAMPLES = 8  # rows and columns of each weight whose values are compared with the stored run's
 
 
 def _probe(weight: torch.Tensor) -> str:
-    """The weight's shape and a spread sample of its values, as text (exact, not a hash)."""
-    flat = weight.reshape(-1)
-    step = max(1, flat.numel() // _SAMPLES)
-    sample = flat[::step][:_SAMPLES].double().tolist()
+    """The weight's shape and its values at a spread grid of rows and columns, as text (exact, not
+    a hash; indexed without copying the weight, which may be a transposed view)."""
+    rows, columns = (torch.linspace(0, n - 1, min(n, _SAMPLES)).long() for n in weight.shape)
+    sample = weight.index_select(0, rows).index_select(1, columns).double().flatten().tolist()
     return json.dumps([list(weight.shape), sample])
 
 
