@@ -193,7 +193,7 @@ def load_generator():
 
 
 def test_generated_files_are_fresh(tmp_path):
-    """tr_cli/completions/* and tr_cli/cli_names.py are what the generator makes from the app today."""
+    """tr_cli/cli/completions/* and tr_cli/cli_names.py are what the generator makes from the app today."""
     generator = load_generator()
     files = generator.build()
     generator.write(files, tmp_path)
@@ -205,21 +205,21 @@ def test_generated_files_are_fresh(tmp_path):
     extra = {f"{generator.COMPLETIONS_DIR}/{p.name}" for p in shipped.iterdir()} - set(files)
     assert not extra, f"not generated any more: {sorted(extra)}"
     assert set(files) >= {
-        "tr_cli/completions/tr.bash",
-        "tr_cli/completions/_tr",
-        "tr_cli/completions/tr.fish",
-        "tr_cli/completions/token-recycling.bash",
+        "tr_cli/cli/completions/tr.bash",
+        "tr_cli/cli/completions/_tr",
+        "tr_cli/cli/completions/tr.fish",
+        "tr_cli/cli/completions/token-recycling.bash",
     }
 
 
 def test_install_completion_still_works(tmp_path):
-    """`tr --install-completion bash` writes what tr_cli/completions/tr.bash holds (less its header)."""
+    """`tr --install-completion bash` writes what tr_cli/cli/completions/tr.bash holds (less its header)."""
     result = run_ours(
         "--install-completion", "bash", env={"HOME": str(tmp_path), "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
     )
     assert result.returncode == 0, result.stderr
     installed = (tmp_path / ".bash_completions" / "tr.sh").read_text()
-    shipped = (ROOT / "tr_cli" / "completions" / "tr.bash").read_text()
+    shipped = (ROOT / "tr_cli" / "cli" / "completions" / "tr.bash").read_text()
     assert (
         installed.strip()
         == "\n".join(line for line in shipped.splitlines() if not line.startswith("# Generated")).strip()
@@ -247,9 +247,9 @@ def test_subcommand_completes_through_typer_env_var():
 
 
 def test_shipped_bash_script_completes(tmp_path):
-    """Source tr_cli/completions/tr.bash in a real bash and press <TAB> after `tr gen` and `tr generate sm`."""
+    """Source tr_cli/cli/completions/tr.bash in a real bash and press <TAB> after `tr gen` and `tr generate sm`."""
     script = (
-        f"source {ROOT / 'tr_cli' / 'completions' / 'tr.bash'}; "
+        f"source {ROOT / 'tr_cli' / 'cli' / 'completions' / 'tr.bash'}; "
         'COMP_WORDS=(tr gen); COMP_CWORD=1; _tr_completion tr; printf "%s\\n" "${COMPREPLY[@]}"; '
         'COMP_WORDS=(tr generate sm); COMP_CWORD=2; _tr_completion tr; printf "%s\\n" "${COMPREPLY[@]}"'
     )
@@ -262,7 +262,7 @@ def test_shipped_bash_script_completes(tmp_path):
 
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
 def test_shipped_fish_script_completes(tmp_path):
-    script = f'source {ROOT / "tr_cli" / "completions" / "tr.fish"}; complete -C "tr gen"'
+    script = f'source {ROOT / "tr_cli" / "cli" / "completions" / "tr.fish"}; complete -C "tr gen"'
     result = subprocess.run(
         ["fish", "--no-config", "-c", script], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600
     )
