@@ -94,6 +94,14 @@ def tiny_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
 
 
 def reference(model, ids: list[int], max_new_tokens: int, eos: int = EOS) -> list[int]:
+    return reference_with_logprobs(model, ids, max_new_tokens, eos, logprobs=False)[0]
+
+
+def reference_with_logprobs(
+    model, ids: list[int], max_new_tokens: int, eos: int = EOS, logprobs: bool = True
+) -> tuple[list[int], torch.Tensor | None]:
+    """generate's greedy tokens (EOS included) and, with `logprobs`, the log-softmax of its own
+    logits at each (new tokens, vocabulary)."""
     prompt = torch.tensor([ids])
     out = model.generate(
         prompt,
@@ -102,8 +110,11 @@ def reference(model, ids: list[int], max_new_tokens: int, eos: int = EOS) -> lis
         do_sample=False,
         eos_token_id=eos,
         pad_token_id=0,
+        output_logits=logprobs,
+        return_dict_in_generate=True,
     )
-    return out[0, len(ids) :].tolist()
+    tokens = out.sequences[0, len(ids) :].tolist()
+    return tokens, torch.log_softmax(torch.cat(out.logits).float(), dim=-1) if logprobs else None
 
 
 def random_prompt(length: int, seed: int) -> list[int]:

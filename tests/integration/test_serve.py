@@ -38,7 +38,7 @@ from tr_cli.serve.requests import ServedModel
 from tr_cli.serve.schema import ChatCompletionRequest, CompletionRequest
 from tr_cli.serve.worker import DecodeWorker, Delta, Failed, Job
 
-from tiny_models import random_prompt, reference
+from tiny_models import random_prompt, reference, reference_with_logprobs
 
 NAME = "tiny"
 
@@ -875,20 +875,8 @@ def test_each_field_does_what_the_compatibility_table_says(server, field, endpoi
 
 
 def reference_logprobs(engine, prompt_ids: list[int], max_new: int) -> tuple[list[int], torch.Tensor]:
-    """generate's greedy tokens (up to and with EOS) and the log-softmax of its logits at each."""
-    model = engine.loaded.model
-    prompt = torch.tensor([prompt_ids])
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=max_new,
-        do_sample=False,
-        eos_token_id=engine.loaded.eos_token_ids[0],
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(prompt_ids) :].tolist(), torch.log_softmax(torch.cat(out.logits).float(), dim=-1)
+    """generate's greedy tokens (EOS included) and the log-softmax of its logits at each."""
+    return reference_with_logprobs(engine.loaded.model, prompt_ids, max_new, eos=engine.loaded.eos_token_ids[0])
 
 
 def test_logprobs_are_the_models_own_streamed_or_not(engine, server):

@@ -9,7 +9,7 @@ import torch
 from tr_cli.core import StopCondition, TokenRecyclingDecoder, TreeSpec
 from tr_cli.core.drafters import Draft, Drafter
 
-from tiny_models import EOS, random_prompt, tiny_model
+from tiny_models import EOS, random_prompt, reference_with_logprobs, tiny_model
 
 
 class Chain(Drafter):
@@ -42,26 +42,11 @@ class Chain(Drafter):
         return "chain 3"
 
 
-def generate_with_logits(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
-    prompt = torch.tensor([ids])
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=n,
-        do_sample=False,
-        eos_token_id=EOS,
-        pad_token_id=0,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    return out.sequences[0, len(ids) :].tolist(), torch.log_softmax(torch.cat(out.logits).float(), dim=-1)
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_logprobs_are_generates_own(arch):
     model = tiny_model(arch)
     ids = random_prompt(12, seed=5)
-    tokens, reference = generate_with_logits(model, ids, 30)
+    tokens, reference = reference_with_logprobs(model, ids, 30)
     decoder = TokenRecyclingDecoder(model, tree=TreeSpec.from_paths("small", [[0], [1]]))
     decoder.drafters.append(Chain(tokens, len(ids)))
     decoder.set_logprobs(5)
