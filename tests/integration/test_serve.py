@@ -893,10 +893,11 @@ def test_logprobs_are_the_models_own_streamed_or_not(engine, server):
     tokenizer = engine.loaded.tokenizer
     for i, (entry, token) in enumerate(zip(content, shown, strict=True)):
         assert entry.token == tokenizer.decode([token])
-        assert entry.bytes == list(entry.token.encode())
         assert entry.logprob == pytest.approx(logs[i, token].item(), abs=1e-4)
         best = torch.topk(logs[i], 3)
         assert [alt.logprob for alt in entry.top_logprobs] == pytest.approx(best.values.tolist(), abs=1e-4)
+    # The tokens' exact bytes spell the reply, characters split over tokens included.
+    assert bytes(b for entry in content for b in entry.bytes).decode() == whole.choices[0].message.content
     streamed = api.chat.completions.create(
         model=NAME, messages=MESSAGES, max_tokens=16, temperature=0, logprobs=True, top_logprobs=3, stream=True
     )
@@ -924,10 +925,16 @@ def test_text_completion_logprobs_and_a_stop_string(engine, server):
     lp = reply.choices[0].logprobs
     assert lp.tokens == [tokenizer.decode([t]) for t in shown]
     assert lp.token_logprobs == pytest.approx([logs[i, t].item() for i, t in enumerate(shown)], abs=1e-4)
-    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs)
-    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
-    # A stop string cuts the reply: only the tokens whose text shows keep their entries.
     text = reply.choices[0].text
+    # The legacy API's top_logprobs: the 2 most likely and the chosen token (often one of them).
+    assert all(token in top and 1 <= len(top) <= 3 for token, top in zip(lp.tokens, lp.top_logprobs, strict=True))
+    # Each offset is where the token's text starts in the reply (a token holding part of a
+    # character reads as U+FFFD alone: its place is still in order).
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    assert all(offset < len(text) for offset in lp.text_offset)
+    whole = [(o, t) for o, t in zip(lp.text_offset, lp.tokens, strict=True) if "\ufffd" not in t]
+    assert whole and all(text[o : o + len(t)] == t for o, t in whole)
+    # A stop string cuts the reply: only the tokens whose text shows keep their entries.
     at = next(i for i in range(1, len(lp.tokens)) if lp.tokens[i].strip() and text.find(lp.tokens[i].strip()) > 0)
     stop = lp.tokens[at].strip()
     cut = api.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0, logprobs=0, stop=[stop])

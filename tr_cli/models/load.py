@@ -16,7 +16,7 @@ from .progress import Status, quiet
 from .resolve import ModelSource, resolve_model
 from .runtime import NATIVE_DTYPE, Runtime
 from .weights import quantize
-from .weights_cache import cache_key, remembered
+from .weights_cache import cache_name, remembered
 
 
 @dataclass
@@ -187,18 +187,22 @@ def load_model(
 def _quantize(model: torch.nn.Module, runtime: Runtime, location: Path, root: Path, name: str, status: Status) -> None:
     """Quantize as `runtime` says, taking the buffers an earlier start stored under `root` for
     this checkpoint and mode (weights_cache.py) where it can, and storing them where it cannot."""
-    from .. import __version__
-
     if not location.is_dir():  # not a local checkpoint directory: nothing to key a cache by
         status(f"Quantizing {name}'s weights to {runtime.weights}")
         quantize(model, runtime.weights)
         return
-    path = root / f"{cache_key(location, str(runtime.weights), runtime.dtype_name, __version__)}.safetensors"
-    stored = path.is_file()
+    code = (*native_kernels.SOURCES, *native_kernels.HEADERS)
+    prefix, file_name = cache_name(location, str(runtime.weights), runtime.dtype_name, code)
+    path = root / file_name
+    try:
+        stored = path.is_file()
+        stale = [p for p in root.glob(f"{prefix}-*.safetensors") if p.name != file_name]
+    except OSError:  # an unreadable cache dir: quantize, and try to keep nothing
+        stored, stale = False, []
     status(
         f"Reading {name}'s {runtime.weights} weights, quantized at an earlier start"
         if stored
         else f"Quantizing {name}'s weights to {runtime.weights} (kept for later starts)"
     )
-    with remembered(path):
+    with remembered(path, stale):
         quantize(model, runtime.weights)

@@ -6,8 +6,9 @@ module order. Inside `remembered(path)` each of those calls first looks at the s
 run that wrote `path`: when the kind, the weight's shape and a sample of its values match, the
 stored buffers are taken as they are; from the first mismatch on everything is computed afresh and
 the file is written again at the end (atomically). The caller keys `path` by what decides the
-result (the checkpoint's files, the weights mode, tr's packing), so a mismatch is a safety net,
-not the rule.
+result (the checkpoint's files, the mode, tr's quantizing code and kernel sources, torch's version
+and CPU capability, whose int4 packing differs by instruction set), so a mismatch is a safety net,
+not the rule; an older variant of the same checkpoint and mode is removed when a new one is kept.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from contextvars import ContextVar
 from pathlib import Path
 
 import torch
+
+_QUANTIZING_CODE = (Path(__file__).with_name("weights.py"),)  # with the kernel sources: see cache_name
 
 # Bump when a kind's buffers change for the same weight (a new packing, rounding, padding).
 PACKING_VERSION = 1
@@ -40,6 +43,7 @@ class _Memory:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.stored: list[tuple[str, str, dict[str, torch.Tensor]]] = _read(path)
+        self.stale: list[Path] = []  # older variants to remove once this one is kept
         self.calls: list[tuple[str, str, dict[str, torch.Tensor]]] = []
         self.replaying = True
 
@@ -51,13 +55,14 @@ class _Memory:
         if self.replaying and at < len(self.stored) and self.stored[at][:2] == (kind, probe):
             buffers = self.stored[at][2]
         else:
-            self.replaying = False
+            if self.replaying:
+                self.replaying, self.stored = False, []  # nothing more to take: free it now
             buffers = compute(weight)
         self.calls.append((kind, probe, buffers))
         return buffers
 
     def save_if_changed(self) -> None:
-        if self.replaying and len(self.calls) == len(self.stored):
+        if self.replaying and len(self.calls) == len(self.stored) > 0:
             return
         from safetensors.torch import save
 
@@ -75,20 +80,25 @@ class _Memory:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())  # a crash leaves the old file or a whole new one, never zeros
             os.replace(tmp, self.path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+        for old in self.stale:
+            with contextlib.suppress(OSError):
+                old.unlink()
 
 
 def _read(path: Path) -> list[tuple[str, str, dict[str, torch.Tensor]]]:
     """The stored calls, or none when the file is missing, unreadable or of another packing."""
     from safetensors import SafetensorError, safe_open
 
-    if not path.is_file():
-        return []
     try:
+        if not path.is_file():
+            return []
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             if meta.get("packing_version") != str(PACKING_VERSION):
@@ -113,23 +123,44 @@ def quantized_buffers(
 
 
 @contextlib.contextmanager
-def remembered(path: Path) -> Iterator[_Memory]:
-    """Quantize inside this block reusing, and then keeping, what `path` holds. A failed write of
-    the cache is not an error: the next start computes again."""
+def remembered(path: Path, stale: list[Path] = ()) -> Iterator[_Memory]:
+    """Quantize inside this block reusing, and then keeping, what `path` holds (removing the
+    `stale` files once it is kept). A cache that cannot be read or written is not an error: the
+    next start computes again."""
     memory = _Memory(path)
+    memory.stale = list(stale)
     token = _ACTIVE.set(memory)
     try:
         yield memory
     finally:
         _ACTIVE.reset(token)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(Exception):  # noqa: BLE001 - a cache: full disk, no permission, no memory
         memory.save_if_changed()
 
 
-def cache_key(location: Path, mode: str, dtype: str, version: str) -> str:
-    """What decides a model's quantized weights: its weight files (name, size, modification time),
-    the mode and dtype, tr's version and packing."""
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:16]
+
+
+def cache_name(location: Path, mode: str, dtype: str, code: tuple[Path, ...] = ()) -> tuple[str, str]:
+    """(prefix, file name) of a checkpoint's quantized weights: the prefix names the checkpoint
+    directory, mode and dtype; the rest its weight files (name, size, modification time), the
+    quantizing code and `code` (the kernel sources) by content, torch's and transformers' versions
+    and torch's CPU capability. Files with the prefix and another name are older variants."""
+    from importlib.metadata import version
+
     files = sorted(p for p in location.iterdir() if p.suffix in (".safetensors", ".bin", ".pt", ".json"))
     stats = [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]
-    text = json.dumps([str(location.resolve()), stats, mode, dtype, version, PACKING_VERSION])
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    sources = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (*_QUANTIZING_CODE, *code)]
+    prefix = _digest([str(location.resolve()), mode, dtype])
+    variant = _digest(
+        [
+            stats,
+            sources,
+            torch.__version__,
+            version("transformers"),
+            torch.backends.cpu.get_cpu_capability(),
+            PACKING_VERSION,
+        ]
+    )
+    return prefix, f"{prefix}-{variant}.safetensors"

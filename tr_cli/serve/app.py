@@ -291,7 +291,7 @@ def create_app(
                 code="queue_full",
                 headers={"Retry-After": str(full.retry_after)},
             ) from None
-        reply = Reply(chat, model.name, model.token_text)
+        reply = Reply(chat, model.name)
         if parsed.stream:
             return StreamingResponse(
                 _stream(job, reply, request, parsed.include_usage()),

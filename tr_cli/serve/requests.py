@@ -36,10 +36,6 @@ class ServedModel:
     def __post_init__(self) -> None:
         self.encoder = ConversationEncoder(self.tokenizer)
 
-    def token_text(self, token: int) -> str:
-        """A token's text as log-probabilities name it."""
-        return self.tokenizer.decode([token])
-
     @cached_property
     def longest_token(self) -> int:
         return longest_token_chars(self.tokenizer)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .. import __version__
-from ..core.logprobs import TokenLogprob
+from .logprobs import NamedToken, ShownLogprob
 from .worker import Finished
 
 FINGERPRINT = f"tr-{__version__}"
@@ -36,61 +36,45 @@ def decode_stats(finished: Finished) -> dict:
     }
 
 
-def _described(text: str, logprob: float) -> dict:
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+def _described(named: NamedToken) -> dict:
+    return {"token": named.token, "logprob": named.logprob, "bytes": list(named.bytes)}
 
 
-def chat_logprobs(entries: Sequence[TokenLogprob], token_text: Callable[[int], str]) -> dict:
+def chat_logprobs(entries: Sequence[ShownLogprob]) -> dict:
     """The chat API's `logprobs`: per token its text, log-probability, UTF-8 bytes and the most
     likely tokens there."""
-    content = [
-        {
-            **_described(token_text(entry.token), entry.logprob),
-            "top_logprobs": [_described(token_text(token), logprob) for token, logprob in entry.top],
-        }
-        for entry in entries
-    ]
+    content = [{**_described(entry), "top_logprobs": [_described(alt) for alt in entry.top]} for entry in entries]
     return {"content": content, "refusal": None}
 
 
-def text_logprobs(entries: Sequence[TokenLogprob], token_text: Callable[[int], str], offset: int = 0) -> dict:
-    """The completions API's `logprobs`: parallel lists, the text offsets counted from `offset`
-    (where this part of the reply starts)."""
-    tokens = [token_text(entry.token) for entry in entries]
-    offsets = []
-    for text in tokens:
-        offsets.append(offset)
-        offset += len(text)
+def text_logprobs(entries: Sequence[ShownLogprob]) -> dict:
+    """The completions API's `logprobs`: parallel lists; each `top_logprobs` entry holds the chosen
+    token too (the legacy API's "up to logprobs + 1")."""
     return {
-        "tokens": tokens,
+        "tokens": [entry.token for entry in entries],
         "token_logprobs": [entry.logprob for entry in entries],
-        "top_logprobs": [{token_text(t): lp for t, lp in entry.top} for entry in entries],
-        "text_offset": offsets,
+        "top_logprobs": [
+            {**{alt.token: alt.logprob for alt in entry.top}, entry.token: entry.logprob} for entry in entries
+        ],
+        "text_offset": [entry.offset for entry in entries],
     }
 
 
 @dataclass
 class Reply:
-    """One response's identity (chat or text completion) and its builders. `token_text` names a
-    token in log-probabilities."""
+    """One response's identity (chat or text completion) and its builders."""
 
     chat: bool
     model: str
-    token_text: Callable[[int], str] = field(default=str, repr=False)
 
     def __post_init__(self) -> None:
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
-        self._text_offset = 0  # streamed completions: where the next chunk's text starts
 
-    def _logprobs(self, entries: Sequence[TokenLogprob] | None) -> dict | None:
+    def _logprobs(self, entries: Sequence[ShownLogprob] | None) -> dict | None:
         if entries is None:
             return None
-        if self.chat:
-            return chat_logprobs(entries, self.token_text)
-        rendered = text_logprobs(entries, self.token_text, self._text_offset)
-        self._text_offset += sum(len(text) for text in rendered["tokens"])
-        return rendered
+        return chat_logprobs(entries) if self.chat else text_logprobs(entries)
 
     def _head(self, object_name: str) -> dict:
         return {
@@ -122,7 +106,7 @@ class Reply:
         text: str | None = None,
         finish_reason: str | None = None,
         first: bool = False,
-        logprobs: Sequence[TokenLogprob] | None = None,
+        logprobs: Sequence[ShownLogprob] | None = None,
     ) -> dict:
         """A streamed chunk with text (the first chat chunk also names the role) and the
         log-probabilities of the tokens it shows, when asked for."""

@@ -31,10 +31,11 @@ from typing import TYPE_CHECKING
 from ..core import StopCondition, TokenRecyclingDecoder
 from ..core.errors import PrefillStopped
 from ..core.events import GenerationResult, GenerationStats, track
-from ..core.logprobs import TokenLogprob
 from ..core.sampling_config import SamplingConfig
 from ..text.reply_text import ReplyText
+from ..text.token_pieces import TokenPieces
 from .errors import ApiError, server_error, unavailable
+from .logprobs import LogprobStream, ShownLogprob
 
 if TYPE_CHECKING:
     from .metrics import ServerMetrics
@@ -50,7 +51,7 @@ _POLL_SECONDS = 0.2  # how often an idle worker looks at saves and shutdown
 class Delta:
     text: str
     generated: int  # tokens generated so far (the text may hold some back for stop strings)
-    logprobs: tuple[TokenLogprob, ...] | None = None  # of the tokens this text shows first, when asked
+    logprobs: tuple[ShownLogprob, ...] | None = None  # of the tokens this text shows first, when asked
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Finished:
     result: GenerationResult
     reused: int  # prompt tokens whose keys and values came from the cache
     queue_seconds: float
-    logprobs: tuple[TokenLogprob, ...] | None = None  # of the reply's tokens, when asked
+    logprobs: tuple[ShownLogprob, ...] | None = None  # of the reply's tokens, when asked
 
     @property
     def stats(self) -> GenerationStats:
@@ -149,6 +150,7 @@ class DecodeWorker:
     ) -> None:
         self.decoder = decoder
         self.tokenizer = tokenizer
+        self.pieces = TokenPieces(tokenizer)  # log-probabilities' token names, on this thread
         self.eos_token_ids = list(eos_token_ids)
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=queue_size)
         self._save = save
@@ -339,7 +341,7 @@ class DecodeWorker:
         stop_requested = self._stop_requested(job)
         steps = self.decoder.steps(feed, stop, stop_requested)
         accepted: dict[str, int] = {}
-        logprobs = _Logprobs(reply) if job.logprobs is not None else None
+        logprobs = LogprobStream(reply, self.pieces) if job.logprobs is not None else None
         try:
             for event in track(steps, result):
                 if self.metrics is not None:
@@ -374,26 +376,3 @@ class DecodeWorker:
             job.emit(Delta(rest, len(result.tokens), logprobs.shown() if logprobs else None))
         every = None if logprobs is None else logprobs.all_shown()
         return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds, every)
-
-
-class _Logprobs:
-    """A reply's token log-probabilities, handed out as the text that shows their tokens is sent
-    (held-back text holds them back too; tokens past a stop string never show)."""
-
-    def __init__(self, reply: ReplyText) -> None:
-        self.reply = reply
-        self.entries: list[TokenLogprob] = []
-        self.given = 0
-
-    def add(self, entries: list[TokenLogprob] | None) -> None:
-        self.entries.extend(entries or ())
-
-    def shown(self) -> tuple[TokenLogprob, ...]:
-        """The entries of the tokens the text sent since the last call shows."""
-        upto = self.reply.tokens_shown()
-        out = tuple(self.entries[self.given : upto])
-        self.given = max(self.given, upto)
-        return out
-
-    def all_shown(self) -> tuple[TokenLogprob, ...]:
-        return tuple(self.entries[: self.reply.tokens_shown()])

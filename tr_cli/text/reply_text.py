@@ -72,6 +72,10 @@ class ReplyText:
         cut = first_stop(full, self.stops)
         return full if cut is None else full[:cut]
 
+    def start(self, index: int) -> int:
+        """Where the text of the `index`-th token pushed starts in the reply."""
+        return self._starts[index]
+
     def tokens_shown(self) -> int:
         """How many leading tokens have text in what was sent so far (after `finish`: in the whole
         reply). A token past a stop string, or with no text (EOS), is never shown."""

@@ -9,7 +9,7 @@ import torch
 
 from tr_cli.models import WeightsMode
 from tr_cli.models.weights import quantize
-from tr_cli.models.weights_cache import cache_key, remembered
+from tr_cli.models.weights_cache import cache_name, remembered
 
 from tiny_models import random_prompt, tiny_model
 
@@ -76,14 +76,26 @@ def test_a_damaged_file_is_recomputed_and_replaced(tr_kernels, tmp_path):
     assert quantized(tiny_model("llama"), "int4", path)[1].replaying  # replaced by a whole one
 
 
-def test_the_key_follows_the_files_the_mode_and_the_version(tmp_path):
-    (tmp_path / "model.safetensors").write_bytes(b"x" * 10)
-    (tmp_path / "config.json").write_text("{}")
-    key = cache_key(tmp_path, "int4", "float32", "0.1.0")
-    assert key == cache_key(tmp_path, "int4", "float32", "0.1.0")
-    assert (
-        len({key, cache_key(tmp_path, "int8", "float32", "0.1.0"), cache_key(tmp_path, "int4", "float32", "0.2.0")})
-        == 3
-    )
-    (tmp_path / "model.safetensors").write_bytes(b"y" * 11)
-    assert cache_key(tmp_path, "int4", "float32", "0.1.0") != key
+def test_the_name_follows_the_files_the_mode_and_the_code(tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"x" * 10)
+    kernel = tmp_path / "kernel.cpp"
+    kernel.write_text("// v1")
+    prefix, name = cache_name(checkpoint, "int4", "float32", (kernel,))
+    assert name.startswith(prefix + "-") and name == cache_name(checkpoint, "int4", "float32", (kernel,))[1]
+    assert cache_name(checkpoint, "int8", "float32", (kernel,))[0] != prefix  # another mode: kept beside
+    kernel.write_text("// v2")  # the kernels' layout may have changed: a new variant of the same prefix
+    changed_prefix, changed = cache_name(checkpoint, "int4", "float32", (kernel,))
+    assert changed_prefix == prefix and changed != name
+    (checkpoint / "model.safetensors").write_bytes(b"y" * 11)
+    assert cache_name(checkpoint, "int4", "float32", (kernel,))[1] not in (name, changed)
+
+
+def test_keeping_a_new_variant_removes_the_older_ones(tr_kernels, tmp_path):
+    old = tmp_path / "p-old.safetensors"
+    quantized(tiny_model("llama"), "int4", old)
+    new = tmp_path / "p-new.safetensors"
+    with remembered(new, [old]):
+        quantize(tiny_model("llama"), WeightsMode.parse("int4"))
+    assert new.is_file() and not old.exists()
