@@ -166,7 +166,9 @@ def test_generate_with_quantized_weights(tiny_llama_dir, home, weights, request)
     assert re.search(
         rf"start: before loading \(Python, imports, checks\) {seconds} · loading the model {seconds} · "
         rf"Loading .*{seconds} · "
-        rf"Quantizing .*'s weights to {weights} {seconds} · opening the matrix and the recycled store {seconds} · "
+        rf"(Quantizing .*'s weights to {weights} \(kept for later starts\)|"
+        rf"Reading .*'s {weights} weights, quantized at an earlier start) {seconds} · "
+        rf"opening the matrix and the recycled store {seconds} · "
         rf"building the decoder \(t\(N\) read or measured\) {seconds}",
         out.stderr,
     ), out.stderr
