@@ -232,8 +232,9 @@ class TokenRecyclingDecoder:
         """How many of the emitted draft `nodes` (merged indices) each source had proposed."""
         counts: dict[str, int] = {}
         if nodes:
+            emitted = set(nodes)
             for index, placement in placements.items():
-                hits = len(set(nodes).intersection(placement.nodes))
+                hits = len(emitted.intersection(placement.nodes))
                 if hits:
                     name = self.drafters[index].name
                     counts[name] = counts.get(name, 0) + hits

@@ -24,9 +24,8 @@ class TokenLogprob:
 
 
 def token_logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], top: int) -> list[TokenLogprob]:
-    """For each `tokens[i]`, chosen at `logits[rows[i]]`: its log-probability and the `top` best."""
-    if not 0 <= top <= MAX_TOP:
-        raise ValueError(f"top log-probabilities: 0 to {MAX_TOP}, got {top}")
+    """For each `tokens[i]`, chosen at `logits[rows[i]]`: its log-probability and the `top` best
+    (0 to MAX_TOP: the decoder's set_logprobs checks it once)."""
     index = torch.tensor(rows, device=logits.device)
     logs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
     chosen = logs.gather(1, torch.tensor(tokens, device=logits.device).view(-1, 1)).view(-1).tolist()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -43,10 +43,15 @@ class TokenPieces:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.byte_level = _is_byte_level(tokenizer)
         self.special = frozenset(getattr(tokenizer, "all_special_ids", ()) or ())
         self._text: dict[int, str] = {}
         self._bytes: dict[int, bytes] = {}
+
+    @cached_property
+    def byte_level(self) -> bool:
+        """Read on first use (it serializes the whole tokenizer): a server never asked for
+        log-probabilities never pays it."""
+        return _is_byte_level(self.tokenizer)
 
     def text(self, token: int) -> str:
         if token not in self._text:
