@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from transformers import (
     Gemma2Config,
@@ -120,3 +122,35 @@ def reference_with_logprobs(
 def random_prompt(length: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(4, VOCAB, (length,), generator=g).tolist()
+
+
+_CORPUS = [
+    '{"name": "Ada Lovelace", "age": 36, "email": "ada@example.com", "tags": ["math", "poetry"]}',
+    '{"city": "Paris", "country": "France", "population": 2148000, "capital": true, "mayor": null}',
+    '{"items": [{"id": 1, "title": "first"}, {"id": 2, "title": "second"}], "total": 2}',
+    "The quick brown fox jumps over the lazy dog. Numbers 0123456789 and quotes \" ' here.",
+]
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_tokenizer():
+    """A real fast tokenizer for the tiny models' vocabulary: byte-level BPE trained on a little
+    JSON, the four specials first (id 3 is EOS), exactly VOCAB tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<unk>", "<s>", "<pad>", "</s>"]
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 4, trainer)
+    assert tokenizer.get_vocab_size() == VOCAB and tokenizer.token_to_id("</s>") == EOS
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", pad_token="<pad>", eos_token="</s>"
+    )

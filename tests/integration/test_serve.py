@@ -87,6 +87,8 @@ def served_model(engine, **extra) -> ServedModel:
         generation_config=loaded.model.generation_config,
         context_length=loaded.context_length,
         max_depth=engine.decoder.max_depth,
+        vocab_size=engine.decoder.vocab_size,
+        stop_ids=tuple(loaded.eos_token_ids),
         **extra,
     )
 
@@ -942,3 +944,113 @@ def test_text_completion_logprobs_and_a_stop_string(engine, server):
     assert cut.choices[0].text == text[: text.find(stop)]
     assert 0 < len(kept) <= at + 1 and "".join(kept).startswith(cut.choices[0].text)
     assert len(kept) < len(lp.tokens)
+
+
+# --- structured output ---------------------------------------------------------------------
+
+CITY = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 10},
+        "country": {"enum": ["France", "Italy", "Japan"]},
+        "population": {"type": "integer", "minimum": 0, "maximum": 999},
+        "capital": {"type": "boolean"},
+    },
+    "required": ["name", "country", "population", "capital"],
+    "additionalProperties": False,
+}
+
+
+def constrained_reference(engine, prompt_ids: list[int], schema: dict, max_new: int) -> list[int]:
+    """generate's greedy reply under the schema's grammar (tr's own logits processor)."""
+    from tr_cli.text.grammar import Grammar, GrammarCompiler
+    from tr_cli.text.grammar_logits import GrammarLogitsProcessor
+
+    loaded = engine.loaded
+    grammars = GrammarCompiler(loaded.tokenizer, engine.decoder.vocab_size, loaded.eos_token_ids)
+    processor = GrammarLogitsProcessor(grammars.constraint(Grammar.json_schema(schema)), len(prompt_ids))
+    prompt = torch.tensor([prompt_ids])
+    out = loaded.model.generate(
+        prompt,
+        attention_mask=torch.ones_like(prompt),
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=loaded.eos_token_ids[0],
+        pad_token_id=0,
+        logits_processor=[processor],
+    )
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def test_a_json_schema_reply_is_constrained_generates_streamed_or_not(engine, server):
+    api = client(server)
+    messages = [{"role": "user", "content": "A city, as JSON."}]
+    tokens = constrained_reference(engine, rendered(engine, messages), CITY, 60)
+    want = engine.loaded.tokenizer.decode(tokens, skip_special_tokens=True)
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    whole = api.chat.completions.create(
+        model=NAME, messages=messages, max_tokens=60, temperature=0, response_format=response_format
+    )
+    assert whole.choices[0].message.content == want
+    assert whole.choices[0].finish_reason == "stop"  # the object closed, then only EOS was allowed
+    city = json.loads(want)
+    assert set(city) == set(CITY["properties"]) and city["country"] in ("France", "Italy", "Japan")
+    engine.decoder.reset()
+    streamed, _ = stream_text(
+        api.chat.completions.create(
+            model=NAME, messages=messages, max_tokens=60, temperature=0, response_format=response_format, stream=True
+        )
+    )
+    assert streamed == want
+    # The text completions endpoint takes the same field.
+    text = api.completions.create(
+        model=NAME, prompt="City:", max_tokens=60, temperature=0, extra_body={"response_format": response_format}
+    )
+    assert set(json.loads(text.choices[0].text)) == set(CITY["properties"])
+
+
+def test_the_openai_clients_parse_helper_gets_its_model_back(server):
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Shape(BaseModel):
+        kind: Literal["circle", "square"]
+        size: int = Field(ge=1, le=99)
+        filled: bool
+
+    parsed = client(server).chat.completions.parse(
+        model=NAME,
+        messages=[{"role": "user", "content": "A shape."}],
+        max_tokens=40,
+        temperature=0,
+        response_format=Shape,
+    )
+    shape = parsed.choices[0].message.parsed
+    assert isinstance(shape, Shape) and 1 <= shape.size <= 99
+
+
+@pytest.mark.parametrize(
+    ("schema", "words"),
+    [
+        ({"type": "strin"}, "Invalid type: strin"),
+        ({"type": "array", "uniqueItems": True, "items": {"type": "integer"}}, "uniqueItems"),
+        ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "recurses"),
+        (
+            {"type": "object", "properties": {f"f{i}": {"description": "x" * 300} for i in range(4000)}},
+            "at most 100,000",
+        ),
+    ],
+    ids=["invalid", "unsupported-keyword", "recursive-ref", "1MB"],
+)
+def test_bad_schemas_get_a_400_naming_the_problem_and_never_reach_the_decoder(engine, schema, words):
+    with running(engine, max_body=4 * 1024 * 1024) as server:
+        with pytest.raises(openai.BadRequestError) as caught:
+            client(server).chat.completions.create(
+                model=NAME,
+                messages=[{"role": "user", "content": "x"}],
+                response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": True}},
+            )
+        error = caught.value.body
+        assert error["param"] == "response_format" and words in error["message"], error
+        assert server.worker.jobs_done == 0

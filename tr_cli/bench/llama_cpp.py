@@ -77,6 +77,11 @@ def llama_cpp_version(methods: list[str]) -> str:
     return "; ".join(parts)
 
 
+def _no_schema(grammar: object, name: str) -> None:
+    if grammar is not None:
+        raise SettingError("methods", name, "is compared on free text only; drop it for prompts with a schema")
+
+
 class LlamaCpp:
     """One llama.cpp context over `gguf`, reset before every run."""
 
@@ -89,7 +94,8 @@ class LlamaCpp:
         )
         self.eos = set(eos_token_ids)
 
-    def run(self, ids: list[int], max_new_tokens: int) -> Run:
+    def run(self, ids: list[int], max_new_tokens: int, grammar: object = None) -> Run:
+        _no_schema(grammar, "llama.cpp")
         tokens: list[int] = []
         self.llm.reset()  # no prefix reuse: every method prefills the whole turn
         start = time.perf_counter()
@@ -141,7 +147,8 @@ class LlamaServer:
         self.close()
         raise SettingError("methods", LLAMA_CPP_NGRAM, f"llama-server not ready after {_SERVER_START_SECONDS} s")
 
-    def run(self, ids: list[int], max_new_tokens: int) -> Run:
+    def run(self, ids: list[int], max_new_tokens: int, grammar: object = None) -> Run:
+        _no_schema(grammar, LLAMA_CPP_NGRAM)
         body = {
             "prompt": ids,
             "n_predict": max_new_tokens,

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,6 +23,13 @@ from ..errors import SettingError
 from ..models.weights_mode import QUANTIZED_MODES, WeightsMode
 from .llama_cpp import LLAMA_CPP_METHODS, LLAMA_CPP_NGRAM, LlamaCpp, LlamaServer, check_available
 from .run import Run
+
+if TYPE_CHECKING:
+    from ..core.constraint import TokenConstraint
+    from ..text.grammar import Grammar
+
+# A fresh constraint for a grammar, in its initial state (structured prompts).
+ConstraintOf = Callable[["Grammar"], "TokenConstraint"]
 
 METHODS = ("baseline", "pld", "ar", "tr", *LLAMA_CPP_METHODS)
 PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
@@ -67,17 +76,23 @@ class HFGenerate:
         eos_token_ids: list[int],
         prompt_lookup: bool,
         sampling: SamplingConfig | None = None,
+        constraint_of: ConstraintOf | None = None,
     ) -> None:
         self.model = model
         self.eos = eos_token_ids
         self.prompt_lookup = prompt_lookup
         self.sampling = sampling or SamplingConfig.greedy()
+        self.constraint_of = constraint_of
 
     @torch.inference_mode()
-    def run(self, ids: list[int], max_new_tokens: int) -> Run:
+    def run(self, ids: list[int], max_new_tokens: int, grammar: Grammar | None = None) -> Run:
         device = self.model.get_input_embeddings().weight.device
         prompt = torch.tensor([ids], device=device)
         extra = {"prompt_lookup_num_tokens": PLD_TOKENS} if self.prompt_lookup else {}
+        if grammar is not None:  # the same grammar as tr's, as a logits processor
+            from ..text.grammar_logits import GrammarLogitsProcessor
+
+            extra["logits_processor"] = [GrammarLogitsProcessor(self.constraint_of(grammar), len(ids))]
         counter = _ForwardCounter(self.model)
         try:
             start = time.perf_counter()
@@ -103,16 +118,24 @@ class TokenRecycling:
     """Our decoder (any tree, `none` for `ar`); every prompt starts a fresh conversation and the
     matrix carries over. A sampling config's random stream runs on across prompts (seeded once)."""
 
-    def __init__(self, decoder: TokenRecyclingDecoder, eos_token_ids: list[int]) -> None:
+    def __init__(
+        self, decoder: TokenRecyclingDecoder, eos_token_ids: list[int], constraint_of: ConstraintOf | None = None
+    ) -> None:
         self.decoder = decoder
         self.eos = eos_token_ids
+        self.constraint_of = constraint_of
 
-    def run(self, ids: list[int], max_new_tokens: int) -> Run:
+    def run(self, ids: list[int], max_new_tokens: int, grammar: Grammar | None = None) -> Run:
         self.decoder.reset()
-        result = self.decoder.generate(ids, StopCondition.build(max_new_tokens, self.eos), keep_events=True)
+        self.decoder.set_constraint(self.constraint_of(grammar) if grammar is not None else None)
+        try:
+            result = self.decoder.generate(ids, StopCondition.build(max_new_tokens, self.eos), keep_events=True)
+        finally:
+            self.decoder.set_constraint(None)
         stats = result.stats
         per_step = Counter(len(event.new_tokens) for event in result.events if event.step > 0)
-        return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings, per_step)
+        drafted = sum((Counter(event.accepted_by_source) for event in result.events), Counter())
+        return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings, per_step, drafted)
 
 
 @dataclass(frozen=True)
@@ -183,6 +206,7 @@ def make_runners(engine: Engine, methods: list[Method]) -> tuple[dict, dict[str,
     ones on the engine's quantized copy of the model."""
     runners, drafts = {}, {}
     eos = engine.loaded.eos_token_ids
+    constraint_of = _constraints(engine)
     for method in methods:
         if method.llama_cpp:
             runners[method.name] = _llama_cpp(engine, method.name).run
@@ -192,13 +216,30 @@ def make_runners(engine: Engine, methods: list[Method]) -> tuple[dict, dict[str,
             decoder = (
                 engine.decoder if method.on_engine_decoder else engine.make_decoder(method.plan, fork=True, model=model)
             )
-            runners[method.name] = TokenRecycling(decoder, eos).run
+            runners[method.name] = TokenRecycling(decoder, eos, constraint_of).run
             drafts[method.name] = decoder.describe()
         else:
             runners[method.name] = HFGenerate(
-                model, eos, prompt_lookup=method.prompt_lookup, sampling=engine.sampling
+                model, eos, prompt_lookup=method.prompt_lookup, sampling=engine.sampling, constraint_of=constraint_of
             ).run
     return runners, drafts
+
+
+def _constraints(engine: Engine) -> ConstraintOf:
+    """Constraints for structured prompts, from one grammar compiler built on first use."""
+    compiler = None
+
+    def constraint_of(grammar: Grammar) -> TokenConstraint:
+        nonlocal compiler
+        if compiler is None:
+            from ..core.matrix import output_vocab_size
+            from ..text.grammar import GrammarCompiler
+
+            loaded = engine.loaded
+            compiler = GrammarCompiler(loaded.tokenizer, output_vocab_size(loaded.model), loaded.eos_token_ids)
+        return compiler.constraint(grammar)
+
+    return constraint_of
 
 
 def model_of(engine: Engine, method: Method) -> torch.nn.Module:

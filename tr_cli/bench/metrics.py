@@ -46,6 +46,14 @@ def _tokens_per_step(items: list[Measured]) -> dict[str, int] | None:
     return {str(n): total[n] for n in sorted(total)}
 
 
+def _drafted(items: list[Measured]) -> dict[str, int] | None:
+    """Emitted draft tokens by the source that drafted them (matrix, lookup, store, grammar)."""
+    if not items or any(m.drafted is None for m in items):
+        return None
+    total = sum((m.drafted for m in items), Counter())
+    return {source: total[source] for source in sorted(total)}
+
+
 def summarize(results: list[PromptResult], environment: dict, sampled: bool = False) -> dict:
     """The report. Sampled outputs are never compared token by token (identical_to_baseline is
     None); each method's distribution_check says instead whether its tokens fit the model's
@@ -85,6 +93,7 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
             "speedup_vs_ar": b["speedup_vs_ar"],
             "step_split": _step_split(b["items"]),
             "tokens_per_step": _tokens_per_step(b["items"]),
+            "drafted_tokens": _drafted(b["items"]),
         }
     categories: dict[str, dict] = {}
     for category in dict.fromkeys(r.record.category for r in results):

@@ -51,6 +51,8 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
     the identical-output count (greedy) or the distribution check's z (sampling)."""
     categories = list(report["categories"])
     with_ar = any(m.get("speedup_vs_ar") is not None for m in report["methods"].values())
+    # Structured prompts: the share of new tokens the grammar's forced-token chain drafted.
+    with_grammar = any((m.get("drafted_tokens") or {}).get("grammar") for m in report["methods"].values())
     header = [
         "method",
         *categories,
@@ -58,6 +60,7 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
         "tok/s",
         "speedup",
         *(["vs ar"] if with_ar else []),
+        *(["from grammar"] if with_grammar else []),
         "outside fwd",
         "dist. z" if sampled(report) else "identical",
     ]
@@ -66,6 +69,10 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
         split = m.get("step_split") or {}
         outside = _fmt(100 * split["outside_forward"], 1, "%") if split.get("outside_forward") is not None else "–"
         extra = [_fmt(m.get("speedup_vs_ar"), 2, "×")] if with_ar else []
+        if with_grammar:
+            drafted = m.get("drafted_tokens")
+            share = drafted.get("grammar", 0) / m["new_tokens"] if drafted is not None and m["new_tokens"] else None
+            extra.append(_fmt(None if share is None else 100 * share, 1, "%"))
         cells = [_fmt(report["categories"][c][name]["speedup"], 2, "×") for c in categories]
         if sampled(report):
             last = _distribution_cell(m.get("distribution_check"))

@@ -17,6 +17,7 @@ class Run:
     # How many steps emitted 1, 2, 3... tokens (None where a method does not say: HF prompt lookup,
     # llama.cpp's speculation).
     tokens_per_step: Counter[int] | None = None
+    drafted: Counter[str] | None = None  # emitted draft tokens by the source that drafted them (ours only)
 
     @property
     def step_tokens(self) -> int:

@@ -6,6 +6,7 @@ import statistics
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..core.events import StepTimings, mean_accepted_tokens, tokens_per_second
 from ..core.stopping import context_room
@@ -14,6 +15,9 @@ from ..text.prompts import PromptRecord
 from .distribution import DistributionCheck
 from .methods import counterpart
 from .run import Run
+
+if TYPE_CHECKING:
+    from ..text.grammar import Grammar
 
 
 @dataclass
@@ -27,6 +31,7 @@ class Measured:
     check: DistributionCheck | None = None  # sampled runs only
     timings: StepTimings | None = None  # our decoders' step time split, summed over turns
     tokens_per_step: Counter[int] | None = None  # steps by tokens emitted, summed over turns
+    drafted: Counter[str] | None = None  # emitted draft tokens by source, summed over turns
 
     @property
     def new_tokens(self) -> int:
@@ -45,6 +50,8 @@ class Measured:
             self.timings = run.timings if self.timings is None else self.timings + run.timings
         if run.tokens_per_step is not None:
             self.tokens_per_step = (self.tokens_per_step or Counter()) + run.tokens_per_step
+        if run.drafted is not None:
+            self.drafted = (self.drafted or Counter()) + run.drafted
 
 
 @dataclass
@@ -61,7 +68,8 @@ class PromptResult:
         return self.methods[method].tokens == self.methods[reference].tokens
 
 
-Runner = Callable[[list[int], int], Run]
+# (input ids, max new tokens, the grammar replies must match or None) -> the run
+Runner = Callable[[list[int], int, "Grammar | None"], Run]
 EncodeTurn = Callable[[list[tuple[str, str]], str], list[int]]  # (history of (user, reply), new user text) -> ids
 Progress = Callable[[int, str, dict[str, float]], None]  # prompt index, method, running speedups
 # (method, input ids, generated tokens) -> scores under the distribution of that method's model
@@ -99,10 +107,10 @@ def over_context(
     return over
 
 
-def median_run(runner: Runner, ids: list[int], max_new_tokens: int, repeats: int) -> Run:
+def median_run(runner: Runner, ids: list[int], max_new_tokens: int, repeats: int, grammar: Grammar | None) -> Run:
     """Run `repeats` times; the run of median wall time (greedy tokens are the same each time;
     sampled ones differ, and each run is a valid sample)."""
-    runs = [runner(ids, max_new_tokens) for _ in range(repeats)]
+    runs = [runner(ids, max_new_tokens, grammar) for _ in range(repeats)]
     middle = statistics.median_low([r.seconds for r in runs])
     return next(r for r in runs if r.seconds == middle)
 
@@ -124,7 +132,7 @@ def run_bench(
     for record in prompts[:warmup]:
         ids = encode([], record.turns[0])
         for runner in runners.values():
-            runner(ids, min(max_new_tokens, 32))
+            runner(ids, min(max_new_tokens, 32), record.schema)
     results: list[PromptResult] = []
     for index, record in enumerate(prompts):
         texts = record.turns if turns == "all" else record.turns[:1]
@@ -135,7 +143,7 @@ def run_bench(
             history: list[tuple[str, str]] = []
             for text in texts:
                 ids = encode(history, text)
-                run = median_run(runner, ids, max_new_tokens, repeats)
+                run = median_run(runner, ids, max_new_tokens, repeats, record.schema)
                 measured[name].add(run)
                 if check is not None:
                     if measured[name].check is None:

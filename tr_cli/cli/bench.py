@@ -144,6 +144,12 @@ def bench(
     if turns not in ("1", "all"):
         raise UserError(f"--turns {turns}: use 1 or all")
     records = _select(prompts_file, categories, per_category, limit)
+    structured = any(record.schema is not None for record in records)
+    llama = [method.name for method in chosen if method.llama_cpp]
+    if structured and llama:
+        raise UserError(
+            f"{prompts_file}: prompts with a schema run on tr and transformers only; drop {', '.join(llama)}"
+        )
     # Every method samples from one seeded stream (greedy decoding does not depend on it).
     seed = options.sampling.seed if options.sampling.seed is not None else 0
     options = replace(options, sampling=replace(options.sampling, seed=seed))
@@ -152,6 +158,8 @@ def bench(
     decoding = any(method.plan is not None for method in chosen)
     engine = open_engine(options, matrix=decoding, decoder=any(method.on_engine_decoder for method in chosen))
     encoder = ConversationEncoder(engine.loaded.tokenizer)
+    if structured and not engine.sampling.is_greedy:
+        raise UserError(f"{prompts_file}: prompts with a schema are benchmarked greedy; drop the sampling settings")
     records, skipped = _fit_context(records, engine, encoder, max_new_tokens, turns, prompts_file)
     torch.manual_seed(seed)  # transformers' sampling draws from torch's global generator
     runners, drafts = make_runners(engine, chosen)
@@ -231,9 +239,12 @@ def _fit_context(
     """The prompts the model's context holds, and what was skipped (for the report); each
     skipped prompt is a warning."""
     from ..bench.runner import conversation_turns, over_context
+    from ..core.drafters.grammar_chain import MAX_CHAIN
 
     context = engine.loaded.context_length
     max_depth = engine.decoder.max_depth if engine.decoder is not None else 0
+    if any(record.schema is not None for record in records):
+        max_depth = max(max_depth, MAX_CHAIN)  # the grammar's forced tokens are drafted too
     over = over_context(records, conversation_turns(encoder), max_new_tokens, turns, context, max_depth)
     if not over:
         return records, None

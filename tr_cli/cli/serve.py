@@ -127,6 +127,7 @@ def serve(
     sock = _bind(host, port)
     import uvicorn
 
+    from ..core.drafters.grammar_chain import MAX_CHAIN as GRAMMAR_CHAIN
     from ..serve.app import create_app
     from ..serve.connections import with_head_deadline
     from ..serve.metrics import ServerMetrics
@@ -143,9 +144,11 @@ def serve(
             tokenizer=loaded.tokenizer,
             generation_config=getattr(loaded.model, "generation_config", None),
             context_length=loaded.context_length,
-            max_depth=engine.decoder.max_depth,
+            max_depth=max(engine.decoder.max_depth, GRAMMAR_CHAIN),
             default_max_tokens=options.max_new_tokens,
             default_sampling=options.sampling,
+            vocab_size=engine.decoder.vocab_size,
+            stop_ids=tuple(loaded.eos_token_ids),
         )
         counters = ServerMetrics() if metrics else None
         worker = DecodeWorker(

@@ -18,9 +18,12 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionLayout, causal_visibility
+from .bounded_cache import BoundedCache
+from .constraint import TokenConstraint, allowed_nodes, masked_argmax
 from .design.acceptance_stats import AcceptanceStats
 from .design.cost_model import CALIBRATION_SIZES, CostModel, calibrate
 from .drafters.base import Drafter, Placement, Verification
+from .drafters.grammar_chain import GrammarChainDrafter
 from .drafters.matrix_tree import MatrixTreeDrafter
 from .drafters.merge import DraftMerger, TreeMerge
 from .drafters.planner import DraftPlanner
@@ -36,7 +39,7 @@ from .step_scope import decoding_step
 from .stopping import StopCondition
 from .tree import PRESETS, TreeSpec
 from .tree_buffers import TreeBuffers
-from .verify import Acceptance, TopCandidates, greedy_accept
+from .verify import Acceptance, TopCandidates, constrained_greedy_accept, greedy_accept
 
 PREFILL_CHUNK = 512
 
@@ -117,6 +120,8 @@ class TokenRecyclingDecoder:
         self.forward_pass = make_forward(model, _cache_keyword(model))
         self.set_sampling(sampling)
         self.set_logprobs(None)
+        self.constraint: TokenConstraint | None = None
+        self._pruned: BoundedCache[TreeBuffers] = BoundedCache(64)  # trees cut to what a grammar allows
         self.reset()
         if tree is None and cost is not None:
             self.use_cost_model(cost(self) if callable(cost) else cost)
@@ -160,6 +165,16 @@ class TokenRecyclingDecoder:
         if top is not None and not 0 <= top <= MAX_TOP:
             raise ValueError(f"top log-probabilities: 0 to {MAX_TOP}, got {top}")
         self.logprob_top = top
+
+    def set_constraint(self, constraint: TokenConstraint | None) -> None:
+        """Constrain the next reply (from its first token) by a grammar, in its initial state; None:
+        unconstrained. While set, drafts the grammar forbids are cut before the forward
+        (core/constraint.py), and a decoder that drafts drafts the tokens the grammar forces too
+        (a chain under the root); one that does not (`ar`) stays one token per forward."""
+        self.drafters = [d for d in self.drafters if not isinstance(d, GrammarChainDrafter)]
+        self.constraint = constraint
+        if constraint is not None and self.max_depth > 0:
+            self.drafters.append(GrammarChainDrafter(constraint, self.device))
 
     def _logprobs(self, logits: torch.Tensor, rows: list[int], tokens: list[int]) -> list[TokenLogprob] | None:
         return None if self.logprob_top is None else token_logprobs(logits, rows, tokens, self.logprob_top)
@@ -269,10 +284,40 @@ class TokenRecyclingDecoder:
                 for drafter in learners:
                     drafter.learn(verification, None)
                 update += time.perf_counter() - u0
-        first = self.sampler.first_token(last_logits, self.tokens) if self.sampler else int(last_logits.argmax())
+        first = self._first_token(last_logits)
         logprobs = self._logprobs(last_logits.view(1, -1), [0], [first])
         total = time.perf_counter() - t0
         return first, logprobs, StepTimings(forward=total - update, update=update)
+
+    def _first_token(self, logits: torch.Tensor) -> int:
+        """The token after a prefill: greedy or sampled, among what the grammar allows if one is set."""
+        constraint = self.constraint
+        if constraint is None:
+            return self.sampler.first_token(logits, self.tokens) if self.sampler else int(logits.argmax())
+        if self.sampler:
+            token = self.sampler.first_token(logits, self.tokens, constraint.allowed().to(logits.device))
+        else:
+            values, indices = torch.topk(logits, self.k)
+            token = masked_argmax(logits, values.tolist(), indices.tolist(), constraint)
+        constraint.advance(token)
+        return token
+
+    def _allowed_only(
+        self, buffers: TreeBuffers, tokens: torch.Tensor, placements: tuple[Placement, ...]
+    ) -> tuple[TreeBuffers, torch.Tensor, tuple[Placement, ...]]:
+        """The merged tree without the nodes the grammar forbids (and their subtrees)."""
+        kept = allowed_nodes(buffers.spec, tokens.tolist(), self.constraint)
+        if len(kept) == buffers.size:
+            return buffers, tokens, placements
+        spec = buffers.spec.subset(kept)
+        pruned = self._pruned.get(spec, lambda: TreeBuffers.build(spec, self.device))
+        new_index = {old: new for new, old in enumerate(kept)}
+        placements = tuple(
+            Placement(tuple(new_index.get(node, -1) if node > 0 else -1 for node in placement.nodes))
+            for placement in placements
+        )
+        index = torch.tensor(kept, dtype=torch.long, device=tokens.device)
+        return pruned, tokens.index_select(0, index), placements
 
     def _draft(self) -> tuple[TreeBuffers, torch.Tensor, dict[int, Placement]]:
         """Every drafter's proposal, merged under the pending token."""
@@ -284,6 +329,8 @@ class TokenRecyclingDecoder:
                 drafts.append(draft)
                 owners.append(index)
         buffers, tokens, placements = self.merge.plan(root, drafts)
+        if self.constraint is not None:
+            buffers, tokens, placements = self._allowed_only(buffers, tokens, placements)
         return buffers, tokens, dict(zip(owners, placements, strict=True))
 
     @torch.inference_mode()
@@ -298,7 +345,9 @@ class TokenRecyclingDecoder:
         t2 = time.perf_counter()
         top = TopCandidates.of(logits, self.k)  # one top-k serves acceptance and the matrix update
         if self.sampler:  # the exact sampling walk (sampling.py); the conversation is its context
-            acceptance = self.sampler.accept(tokens, logits, buffers, self.tokens)
+            acceptance = self.sampler.accept(tokens, logits, buffers, self.tokens, self.constraint)
+        elif self.constraint is not None:
+            acceptance = constrained_greedy_accept(tokens, logits, buffers, top, self.constraint)
         else:
             acceptance = greedy_accept(tokens, logits, buffers, top.argmax(logits))
         # Each emitted token's distribution: its parent's row (the root's for the first).
@@ -307,7 +356,7 @@ class TokenRecyclingDecoder:
         t3 = time.perf_counter()
         self._learn(Verification(tokens, top.indices, acceptance.correct, buffers), placements)
         t4 = time.perf_counter()
-        self.merge.observe(t4 - t0, len(acceptance.nodes))
+        self.merge.observe(t4 - t0, len(acceptance.nodes), buffers.size - 1)
         timings = StepTimings(draft=t1 - t0, forward=t2 - t1, verify=t3 - t2, update=t4 - t3)
         return _Step(tokens, buffers.spec, acceptance, timings, placements, logprobs)
 

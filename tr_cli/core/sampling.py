@@ -44,9 +44,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .constraint import TokenConstraint
 from .sampling_config import SamplingConfig
 from .tree_buffers import TreeBuffers
-from .verify import Acceptance
+from .verify import Acceptance, walk_accept
 
 
 def _seen_mask(context_ids: Sequence[int] | torch.Tensor, vocab: int, device: torch.device) -> torch.Tensor:
@@ -59,12 +60,17 @@ def _seen_mask(context_ids: Sequence[int] | torch.Tensor, vocab: int, device: to
     return seen
 
 
-def _probabilities(row: torch.Tensor, config: SamplingConfig, seen: torch.Tensor | None) -> torch.Tensor:
-    """The processed distribution of one logits row; `seen` marks the context's tokens."""
+def _probabilities(
+    row: torch.Tensor, config: SamplingConfig, seen: torch.Tensor | None, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The processed distribution of one logits row; `seen` marks the context's tokens, `allowed`
+    the tokens a grammar allows (a caller's logits processor: after the penalty, before the warpers)."""
     scores = row.to(torch.float32)  # generate processes float32 copies of the logits
     if seen is not None and config.repetition_penalty != 1.0:
         penalized = torch.where(scores < 0, scores * config.repetition_penalty, scores / config.repetition_penalty)
         scores = torch.where(seen, penalized, scores)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
     if config.temperature != 1.0:
         scores = scores / config.temperature
     if config.top_k != 0:
@@ -88,15 +94,19 @@ def _probabilities(row: torch.Tensor, config: SamplingConfig, seen: torch.Tensor
 
 
 def process_logits(
-    logits_row: torch.Tensor, config: SamplingConfig, context_ids: Sequence[int] | torch.Tensor | None = None
+    logits_row: torch.Tensor,
+    config: SamplingConfig,
+    context_ids: Sequence[int] | torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Probabilities (float32, on the row's device) that `generate(do_sample=True)` samples the next
     token from, given the logits after `context_ids` (the whole sequence so far: only the repetition
-    penalty reads it). Works on (V,) or (rows, V) logits with one shared context."""
+    penalty reads it) and the tokens a grammar `allowed` there. Works on (V,) or (rows, V) logits
+    with one shared context."""
     seen = None
     if config.repetition_penalty != 1.0 and context_ids is not None:
         seen = _seen_mask(context_ids, logits_row.shape[-1], logits_row.device)
-    return _probabilities(logits_row, config, seen)
+    return _probabilities(logits_row, config, seen, allowed)
 
 
 # The uniform in [0, 1) for the token at a position of the conversation.
@@ -134,41 +144,32 @@ def sample_accept(
     config: SamplingConfig,
     context_ids: Sequence[int],
     uniform: Uniform,
+    constraint: TokenConstraint | None = None,
 ) -> Acceptance:
     """The exact acceptance walk (module docstring) over one verified tree.
 
     tree_tokens: (n+1,) with the root (the last emitted token) first; logits: (n+1, V), row i the
     model's logits after node i; context_ids: the conversation up to and including the root;
     uniform(position) gives the uniform of the token drawn at that conversation position. Only
-    the rows the walk visits are processed (accepted nodes + 1). `correct` marks the nodes whose
-    token is the one drawn after their parent (the root too), like greedy_accept's argmax match;
-    nodes under a mismatch are False, as the acceptance statistics never count them.
+    the rows the walk visits are processed (accepted nodes + 1). Under a `constraint` each draw
+    is from the grammar-masked distribution (core/constraint.py), which advances by every token.
     """
-    tokens = tree_tokens.tolist()
-    children = buffers.spec.children  # tried in node order
     vocab = logits.shape[-1]
     # The repetition penalty of a node sees the conversation plus the node's ancestor path, exactly
     # what `generate` would have as input_ids there.
     seen = _seen_mask(context_ids, vocab, logits.device) if config.repetition_penalty != 1.0 else None
-    # Duplicate siblings (e.g. a lookup chain repeating a matrix candidate) stand for the same token
-    # path, so they share one distribution: the walk keeps all of them and tries the children of
-    # each. The draw uses the first one's logits; which duplicate carries the path on changes no
-    # probability, only how deep the drafts reach.
-    frontier: list[tuple[int, tuple[int, ...]]] = [(0, ())]  # (node, its path from the root)
-    accepted: list[int] = []
-    right = [0]  # nodes whose token is the one drawn after their parent (for acceptance statistics)
-    while True:
-        y = draw(_probabilities(logits[frontier[0][0]], config, seen), uniform(len(context_ids) + len(accepted)))
-        matched = [(c, path + (c,)) for node, path in frontier for c in children[node] if tokens[c] == y]
-        if not matched:
-            correct = torch.zeros(len(tokens), dtype=torch.bool)
-            correct[right] = True
-            return Acceptance(nodes=list(frontier[0][1]), tokens=accepted, bonus=y, correct=correct.to(logits.device))
-        accepted.append(y)
-        right.extend(c for c, _ in matched)
+    start = len(context_ids)
+
+    def choose(node: int, emitted: int) -> int:
+        allowed = constraint.allowed().to(logits.device) if constraint is not None else None
+        y = draw(_probabilities(logits[node], config, seen, allowed), uniform(start + emitted))
         if seen is not None:
             seen[y] = True
-        frontier = matched
+        if constraint is not None:
+            constraint.advance(y)
+        return y
+
+    return walk_accept(tree_tokens.tolist(), buffers, logits.device, choose)
 
 
 class Sampler:
@@ -199,12 +200,21 @@ class Sampler:
             self._conversation, self._uniform = context_ids, positional_uniform(key)
         return self._uniform
 
-    def first_token(self, logits_row: torch.Tensor, context_ids: Sequence[int]) -> int:
-        """The token after a prefill, sampled from the processed distribution."""
-        probs = process_logits(logits_row, self.config, context_ids)
+    def first_token(
+        self, logits_row: torch.Tensor, context_ids: Sequence[int], allowed: torch.Tensor | None = None
+    ) -> int:
+        """The token after a prefill, sampled from the processed distribution (over the tokens a
+        grammar `allowed`, when one constrains the reply)."""
+        probs = process_logits(logits_row, self.config, context_ids, allowed)
         return draw(probs, self.uniforms(context_ids)(len(context_ids)))
 
     def accept(
-        self, tree_tokens: torch.Tensor, logits: torch.Tensor, buffers: TreeBuffers, context_ids: Sequence[int]
+        self,
+        tree_tokens: torch.Tensor,
+        logits: torch.Tensor,
+        buffers: TreeBuffers,
+        context_ids: Sequence[int],
+        constraint: TokenConstraint | None = None,
     ) -> Acceptance:
-        return sample_accept(tree_tokens, logits, buffers, self.config, context_ids, self.uniforms(context_ids))
+        uniform = self.uniforms(context_ids)
+        return sample_accept(tree_tokens, logits, buffers, self.config, context_ids, uniform, constraint)

@@ -169,6 +169,13 @@ class TreeSpec:
             slots += [EXTERNAL] * part.size
         return cls("+".join(part.name for part in parts), tuple(parents), tuple(slots))
 
+    def subset(self, nodes: list[int]) -> TreeSpec:
+        """The tree of `nodes` (ascending, the root first, each one's parent among them), in the
+        same order: parents, level order and slots stay valid."""
+        index = {old: new for new, old in enumerate(nodes)}
+        parents = tuple(-1 if old == 0 else index[self.parents[old]] for old in nodes)
+        return TreeSpec(f"{self.name}/{len(nodes) - 1}", parents, tuple(self.slots[old] for old in nodes))
+
     @cached_property
     def children(self) -> tuple[tuple[int, ...], ...]:
         """Child node indices of every node, in node order."""

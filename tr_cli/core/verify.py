@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from .constraint import TokenConstraint, masked_argmax
 from .tree_buffers import TreeBuffers
 
 
@@ -86,3 +88,53 @@ def greedy_accept(
     nodes = values[1 : 1 + n]
     tokens = values[1 + depth : 1 + depth + n]
     return Acceptance(nodes=nodes, tokens=tokens, bonus=values[-1], correct=correct)
+
+
+def walk_accept(
+    tokens: list[int], buffers: TreeBuffers, device: torch.device, choose: Callable[[int, int], int]
+) -> Acceptance:
+    """Down from the root, one chosen token at a time: `choose(node, emitted)` gives the token that
+    comes after `node` (the `emitted`-th of this step); a child holding it is accepted and the
+    walk goes on from there, else that token is the bonus. Every chosen token is emitted, so a
+    chooser may advance state (a grammar, a repetition penalty) by each one it returns.
+
+    Duplicate siblings (e.g. a lookup chain repeating a matrix candidate) stand for the same token
+    path, so they share one distribution: the walk keeps all of them and tries the children of
+    each; the choice reads the first one's logits. Which duplicate carries the path on changes no
+    token, only how deep the drafts reach. `correct` marks the nodes whose token is the one chosen
+    after their parent (the root too); nodes under a mismatch are False, as the acceptance
+    statistics never count them.
+    """
+    children = buffers.spec.children  # tried in node order
+    frontier: list[tuple[int, tuple[int, ...]]] = [(0, ())]  # (node, its path from the root)
+    accepted: list[int] = []
+    right = [0]
+    while True:
+        y = choose(frontier[0][0], len(accepted))
+        matched = [(c, path + (c,)) for node, path in frontier for c in children[node] if tokens[c] == y]
+        if not matched:
+            correct = torch.zeros(len(tokens), dtype=torch.bool)
+            correct[right] = True
+            return Acceptance(nodes=list(frontier[0][1]), tokens=accepted, bonus=y, correct=correct.to(device))
+        accepted.append(y)
+        right.extend(c for c, _ in matched)
+        frontier = matched
+
+
+def constrained_greedy_accept(
+    tree_tokens: torch.Tensor,
+    logits: torch.Tensor,
+    buffers: TreeBuffers,
+    top: TopCandidates,
+    constraint: TokenConstraint,
+) -> Acceptance:
+    """greedy_accept under a grammar (core/constraint.py): the choice after each visited node is
+    the best token the grammar allows there, and the grammar advances by every emitted token."""
+    values, indices = top.values.tolist(), top.indices.tolist()
+
+    def choose(node: int, _emitted: int) -> int:
+        token = masked_argmax(logits[node], values[node], indices[node], constraint)
+        constraint.advance(token)
+        return token
+
+    return walk_accept(tree_tokens.tolist(), buffers, logits.device, choose)

@@ -14,6 +14,7 @@ from ..core.sampling_config import SamplingConfig, SamplingRequest
 from ..core.stopping import NoRoomForReply, reply_budget
 from ..engine.options import DEFAULT_MAX_NEW_TOKENS
 from ..text.conversation import ConversationEncoder, TemplateError
+from ..text.grammar import GrammarCompiler, GrammarConstraint, GrammarError
 from ..text.prompt_bound import fewest_tokens, longest_token_chars
 from .errors import ApiError
 from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -30,11 +31,28 @@ class ServedModel:
     generation_config: object | None
     context_length: int | None
     max_depth: int  # how far past the cache a step's drafts reach
+    vocab_size: int  # the model's output rows (structured output masks them all)
+    stop_ids: tuple[int, ...]  # the tokens that end a reply (a grammar allows them at its end)
     default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS
     default_sampling: SamplingRequest = field(default_factory=SamplingRequest)
 
     def __post_init__(self) -> None:
         self.encoder = ConversationEncoder(self.tokenizer)
+
+    @cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Built on the first structured request (~0.5 s), then kept."""
+        return GrammarCompiler(self.tokenizer, self.vocab_size, self.stop_ids)
+
+    def constraint(self, request: GenerationRequest) -> GrammarConstraint | None:
+        """The reply's grammar in its initial state, checked against the tokenizer; None for text."""
+        grammar = request.grammar()
+        if grammar is None:
+            return None
+        try:
+            return self.grammars.constraint(grammar)
+        except GrammarError as exc:
+            raise ApiError(400, str(exc), param="response_format") from None
 
     @cached_property
     def longest_token(self) -> int:
@@ -138,4 +156,13 @@ class ServedModel:
         else:
             prompt = self.completion_prompt(request)
         budget = self.budget(prompt, request.requested_tokens())
-        return Job(prompt, budget, self.sampling(request), stops, logprobs=request.logprob_top(), loop=loop)
+        constraint = self.constraint(request)
+        return Job(
+            prompt,
+            budget,
+            self.sampling(request),
+            stops,
+            logprobs=request.logprob_top(),
+            constraint=constraint,
+            loop=loop,
+        )

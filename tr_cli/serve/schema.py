@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..core.logprobs import MAX_TOP
+from ..text.grammar import Grammar, GrammarError
 from ..text.input_text import unicode_problem
 from .errors import ApiError
 
@@ -55,6 +56,42 @@ class Message(BaseModel):
         return checked_text("".join(pieces), param)
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: str = "response"
+    description: str | None = None
+    schema_: Any = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's shapes: {"type": "text"}, {"type": "json_object"} (any JSON object) and
+    {"type": "json_schema", "json_schema": {"name", "schema", "strict"}}."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def grammar(self) -> Grammar | None:
+        """The grammar replies must match; None for plain text. A schema that cannot be used is
+        refused here (400), before the request queues. `strict: true` refuses keywords that
+        cannot be enforced; without it they are ignored and the rest of the schema holds."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return Grammar.json_object()
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise ApiError(400, "response_format: type json_schema needs json_schema.schema", param="response_format")
+        try:
+            return Grammar.json_schema(
+                self.json_schema.schema_,
+                strict=bool(self.json_schema.strict),
+                name="response_format.json_schema.schema",
+            )
+        except GrammarError as exc:
+            raise ApiError(400, str(exc), param="response_format") from None
+
+
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
     include_usage: bool = False
@@ -79,6 +116,7 @@ class GenerationRequest(BaseModel):
     # tr's own sampling knobs (what `tr chat` offers; vLLM and llama.cpp accept the same names).
     top_k: Annotated[int, Field(ge=0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
+    response_format: ResponseFormat | None = None
     # Declared so that a request relying on them is refused, not silently answered without them.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -92,6 +130,9 @@ class GenerationRequest(BaseModel):
         if any(len(s) > MAX_STOP_LENGTH for s in stops):
             raise ApiError(400, f"stop: sequences of at most {MAX_STOP_LENGTH} characters", param="stop")
         return tuple(checked_text(s, "stop") for s in stops if s)
+
+    def grammar(self) -> Grammar | None:
+        return self.response_format.grammar() if self.response_format is not None else None
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
@@ -114,7 +155,6 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     tools: list[Any] | None = None
     functions: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP)] | None = None
 
@@ -134,8 +174,6 @@ class ChatCompletionRequest(GenerationRequest):
         super().unsupported()
         if self.tools or self.functions:
             raise ApiError(400, "tools and functions are not supported", param="tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise ApiError(400, "response_format: only 'text' is supported", param="response_format")
 
     def conversation(self) -> list[dict[str, str]]:
         """The messages as the chat template takes them ('developer' is the system role)."""

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core import StopCondition, TokenRecyclingDecoder
+from ..core.constraint import TokenConstraint
 from ..core.errors import PrefillStopped
 from ..core.events import GenerationResult, GenerationStats, track
 from ..core.sampling_config import SamplingConfig
@@ -85,6 +86,7 @@ class Job:
     sampling: SamplingConfig
     stops: tuple[str, ...] = ()
     logprobs: int | None = None  # the most likely tokens to give beside each token's; None: no logprobs
+    constraint: TokenConstraint | None = None  # the grammar the reply must match (structured output)
     enqueued: float = field(default_factory=time.perf_counter)
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)  # the requester's (default: running)
     _inbox: asyncio.Queue | None = None
@@ -305,6 +307,7 @@ class DecodeWorker:
             reused = self._reuse(job.prompt)
             self.decoder.set_sampling(job.sampling)
             self.decoder.set_logprobs(job.logprobs)
+            self.decoder.set_constraint(job.constraint)
             finish = self._decode(job, reused, queue_seconds)
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
             log.exception("decoding failed")
@@ -314,6 +317,7 @@ class DecodeWorker:
             job.emit(finish)
             return
         finally:
+            self.decoder.set_constraint(None)
             self._unsaved = True
             self.jobs_done += 1
             self._durations.append(time.perf_counter() - self._running_since)

@@ -10,8 +10,12 @@ from collections import Counter
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
 
 SAMPLE = "sample"  # the name under which the bundled prompt set is accepted
 
@@ -21,6 +25,7 @@ class PromptRecord:
     id: str
     category: str
     turns: tuple[str, ...]
+    schema: Grammar | None = None  # a JSON schema every reply must match (structured output)
 
 
 def _parse_jsonl(text: str, where: str) -> list[PromptRecord]:
@@ -46,8 +51,20 @@ def _parse_jsonl(text: str, where: str) -> list[PromptRecord]:
             turns = [row["prompt"]]
         else:
             raise UserError(f'{where}:{number}: expected a "turns" list (Spec-Bench format) or a "prompt" string')
-        records.append(PromptRecord(ident, category, tuple(turns)))
+        records.append(PromptRecord(ident, category, tuple(turns), _schema(row, f"{where}:{number}")))
     return records
+
+
+def _schema(row: dict, where: str) -> Grammar | None:
+    """A record's "schema" (a JSON schema its replies must match), checked where it is read."""
+    if "schema" not in row:
+        return None
+    from .grammar import Grammar, GrammarError
+
+    try:
+        return Grammar.json_schema(row["schema"], strict=True, name=f'{where}: "schema"')
+    except GrammarError as exc:
+        raise UserError(f"{exc}; fix the schema or drop the field") from None
 
 
 def text_blocks(text: str) -> list[str]:

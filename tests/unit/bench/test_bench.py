@@ -24,7 +24,7 @@ runner = CliRunner()
 def fake_runner(outputs: dict[int, list[int]], seconds: float, steps_per_token: float):
     """Answers by prompt length; a fixed time and step count per run."""
 
-    def run(ids, max_new_tokens):
+    def run(ids, max_new_tokens, grammar):
         tokens = outputs[len(ids)][:max_new_tokens]
         return Run(tokens, seconds, round((len(tokens) - 1) * steps_per_token))
 
@@ -56,6 +56,7 @@ def test_metrics_identical_check_and_schema():
         "speedup_vs_ar",
         "step_split",
         "tokens_per_step",
+        "drafted_tokens",
     }
     assert set(report["methods"]["baseline"]) == keys == set(report["methods"]["tr"])
     base, tr = report["methods"]["baseline"], report["methods"]["tr"]
@@ -89,7 +90,7 @@ def test_ar_ratio_and_step_split():
     outputs = {2: [1, 2, 3, 4, 5]}
 
     def timed(seconds: float, steps: int, phases: dict[str, float]):
-        return lambda ids, n: Run(outputs[len(ids)][:n], seconds, steps, StepTimings(**phases))
+        return lambda ids, n, grammar: Run(outputs[len(ids)][:n], seconds, steps, StepTimings(**phases))
 
     runners = {
         "baseline": fake_runner(outputs, 4.0, 1.0),

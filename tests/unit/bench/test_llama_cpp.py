@@ -24,7 +24,7 @@ def test_its_tokens_are_its_own():
     assert counterpart("llama.cpp", "baseline") is None and counterpart("llama.cpp", "ar") is None
 
     def answer(tokens, seconds):
-        return lambda ids, max_new_tokens: Run(tokens[:max_new_tokens], seconds, len(tokens) - 1)
+        return lambda ids, max_new_tokens, grammar: Run(tokens[:max_new_tokens], seconds, len(tokens) - 1)
 
     runners = {
         "baseline": answer([1, 2, 3, 4], 2.0),

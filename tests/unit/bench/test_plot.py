@@ -27,7 +27,7 @@ PROMPTS = [PromptRecord("a", "qa", ("xx",)), PromptRecord("b", "rag", ("yyy",)),
 
 
 def _runner(seconds: float, per_step: Counter | None):
-    def run(ids, max_new_tokens):
+    def run(ids, max_new_tokens, grammar):
         tokens = list(range(1, 9))[:max_new_tokens]
         steps = sum(per_step.values()) if per_step else len(tokens) - 1
         return Run(tokens, seconds * len(ids), steps, tokens_per_step=per_step)

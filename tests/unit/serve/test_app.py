@@ -18,7 +18,14 @@ GOOD = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]'
 @pytest.fixture()
 def client():
     model = ServedModel(
-        name="tiny", aliases=frozenset(), tokenizer=None, generation_config=None, context_length=None, max_depth=1
+        name="tiny",
+        aliases=frozenset(),
+        tokenizer=None,
+        generation_config=None,
+        context_length=None,
+        max_depth=1,
+        vocab_size=8,
+        stop_ids=(),
     )
     worker = DecodeWorker(decoder=None, tokenizer=None, eos_token_ids=[])
     # raise_server_exceptions=False: a bug shows as the 500 a client would get, not as a test error

@@ -148,7 +148,6 @@ def test_model_is_required():
         ({"logit_bias": {"42": 5.0}}, "logit_bias"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"functions": [{"name": "f"}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_chat_refuses_what_tr_cannot_honour(fields, param):
@@ -211,3 +210,39 @@ def test_too_many_or_too_long_stop_strings_are_refused():
 def test_a_completion_prompt_of_several_strings_or_none_is_refused():
     assert "2" in refused(text(prompt=["a", "b"]).prompt_text_or_ids, "prompt").message
     refused(text(prompt=[]).prompt_text_or_ids, "prompt")
+
+
+def test_response_format_reads_as_a_grammar():
+    assert chat().grammar() is None and chat(response_format={"type": "text"}).grammar() is None
+    assert "JSON object" == chat(response_format={"type": "json_object"}).grammar().description
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for request in (chat, text):
+        grammar = request(
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+        ).grammar()
+        assert grammar.description == "response_format.json_schema.schema" and grammar.source
+
+
+@pytest.mark.parametrize(
+    ("response_format", "words"),
+    [
+        ({"type": "json_schema"}, "needs json_schema.schema"),
+        ({"type": "json_schema", "json_schema": {"name": "x"}}, "needs json_schema.schema"),
+        ({"type": "json_schema", "json_schema": {"schema": [1]}}, "a JSON schema is an object"),
+        (
+            {
+                "type": "json_schema",
+                "json_schema": {"schema": {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}},
+            },
+            "recurses",
+        ),
+    ],
+)
+def test_unusable_response_formats_are_refused(response_format, words):
+    error = refused(chat(response_format=response_format).grammar, "response_format")
+    assert words in error.message
+
+
+def test_an_unknown_response_format_type_is_a_validation_error():
+    with pytest.raises(ValidationError):
+        chat(response_format={"type": "yaml"})

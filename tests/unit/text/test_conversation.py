@@ -43,7 +43,7 @@ def bench_streams(tokenizer, system: str | None) -> list[list[int]]:
     seen: list[list[int]] = []
     replies = iter(REPLIES)
 
-    def method(ids: list[int], max_new_tokens: int) -> Run:
+    def method(ids: list[int], max_new_tokens: int, grammar: object) -> Run:
         seen.append(ids)
         return Run(list(tokenizer.encode(next(replies), add_special_tokens=False)), 0.1, 1)
 

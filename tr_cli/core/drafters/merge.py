@@ -25,8 +25,9 @@ class TreeMerge(Protocol):
         """The merged tree's buffers, its tokens (root first) and where each draft's nodes went."""
         ...
 
-    def observe(self, seconds: float, accepted: int) -> None:
-        """How the last plan went: the step's wall time and the drafts it accepted."""
+    def observe(self, seconds: float, accepted: int, verified: int) -> None:
+        """How the last plan went: the step's wall time, the drafts it accepted and how many draft
+        nodes were verified (fewer than planned when a grammar cut some)."""
         ...
 
 
@@ -60,5 +61,5 @@ class DraftMerger:
             tokens = torch.cat([drafts[0].tokens, *(draft.tokens[1:] for draft in drafts[1:])])
         return buffers, tokens, placements
 
-    def observe(self, seconds: float, accepted: int) -> None:
+    def observe(self, seconds: float, accepted: int, verified: int) -> None:
         """Nothing to learn: every draft is verified whole."""

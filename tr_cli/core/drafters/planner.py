@@ -57,17 +57,17 @@ class DraftPlanner:
         self.gain = _Ratio()  # accepted drafts / expected, over drafted steps
         self.step_time = _Ratio()  # seconds / t(N + 1), over drafted steps
         self.plain_time = _Ratio()  # the same over steps that drafted nothing
-        self._last_nodes = 0
         self._last_estimate = 0.0  # the sources' own sum of path probabilities in the last plan
 
     def time(self, size: int) -> float:
         """What a step over `size` tokens is expected to cost, as observed so far."""
         return self.cost.time(size) * (self.step_time.value if size > 1 else self.plain_time.value)
 
-    def observe(self, seconds: float, accepted: int) -> None:
-        """How the last plan went: the step's wall time and the drafts it accepted."""
-        predicted = self.cost.time(self._last_nodes + 1)
-        if self._last_nodes:
+    def observe(self, seconds: float, accepted: int, verified: int) -> None:
+        """How the last plan went: the step's wall time, the drafts it accepted and how many draft
+        nodes were verified (a grammar may have cut some of the plan's)."""
+        predicted = self.cost.time(verified + 1)
+        if verified:
             self.step_time.add(seconds, predicted)
             self.gain.add(accepted, self._last_estimate)
         else:
@@ -106,7 +106,7 @@ class DraftPlanner:
                 ranked += [(-p, depths[j], i, j) for j, p in enumerate(draft.probabilities, start=1)]
         ranked.sort()
         gain = self.gain.value
-        best_count, expected, nodes, best_expected, best_nodes = 0, 1.0, forced, 1.0, forced
+        best_count, expected, nodes, best_expected = 0, 1.0, forced, 1.0
         best_rate = expected / self.time(1 + nodes)
         for count, (neg_p, _, i, j) in enumerate(ranked, start=1):
             if place(i, j):
@@ -114,10 +114,10 @@ class DraftPlanner:
                 expected -= neg_p * gain
             rate = expected / self.time(1 + nodes)
             if rate > best_rate:
-                best_count, best_rate, best_expected, best_nodes = count, rate, expected, nodes
+                best_count, best_rate, best_expected = count, rate, expected
         for _, _, i, j in ranked[best_count:]:
             mapped[i][j] = -1  # left out
-        self.last_expected, self._last_nodes = best_expected, best_nodes
+        self.last_expected = best_expected
         self._last_estimate = (best_expected - 1.0) / gain
         return self._build(drafts, mapped, canon_parent, canon_token, canon_depth)
 

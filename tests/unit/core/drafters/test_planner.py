@@ -68,7 +68,7 @@ def test_the_planner_corrects_itself_from_what_steps_cost_and_accept():
         size = len(tokens)
         drafted += size > 1
         # Plain steps cost what the calibration says; they teach only the one-token ratio.
-        planner.observe(seconds=2 * planner.cost.time(size) if size > 1 else 1.0, accepted=0)
+        planner.observe(seconds=2 * planner.cost.time(size) if size > 1 else 1.0, accepted=0, verified=size - 1)
     assert 0 < drafted < 10 and planner.gain.value < 0.8 and planner.step_time.value > 1.3  # it learned fast
     assert abs(planner.plain_time.value - 1.0) < 1e-9
     _, tokens, placements = planner.plan(9, drafts)

@@ -1,0 +1,115 @@
+"""Grammars from JSON schemas: what is refused before any decoding (with the problem named), and
+the constraint's moves on a real tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tr_cli.core.constraint import ConstraintError
+from tr_cli.text.grammar import MAX_SCHEMA_CHARS, Grammar, GrammarCompiler, GrammarError
+
+from tiny_models import EOS, VOCAB, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def compiler():
+    return GrammarCompiler(tiny_tokenizer(), VOCAB, [EOS])
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        ({"type": "strin"}, "strin"),
+        ({"type": 5}, "type must be a string"),
+        ({"type": "object", "properties": [1, 2]}, "properties must be an object"),
+        ({"type": "integer", "minimum": 5, "maximum": 1}, "minimum (5) is greater than maximum (1)"),
+        ({"type": "string", "pattern": "(("}, "regex parse error"),
+        ({"$ref": "#/$defs/missing"}, "/$defs/missing"),
+        ({"$ref": "https://example.com/schema.json"}, "https://example.com/schema.json"),
+        ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "uniqueItems"),
+        ({"not": {"type": "string"}}, '"not"'),
+        ({"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "recurses"),
+        ({"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}, "recurses"),
+        ("not a schema", "a JSON schema is an object"),
+    ],
+)
+def test_bad_schemas_are_refused_with_the_problem_named(compiler, schema, problem):
+    with pytest.raises(GrammarError) as caught:
+        compiler.check(Grammar.json_schema(schema, name="response_format.json_schema.schema"))
+    message = str(caught.value)
+    assert message.startswith("response_format.json_schema.schema: ")
+    assert problem in message and "\n" not in message
+
+
+def test_a_huge_schema_is_refused_before_it_is_compiled():
+    schema = {
+        "type": "object",
+        "properties": {f"field_{i}": {"type": "string", "description": "x" * 200} for i in range(600)},
+    }
+    assert len(json.dumps(schema)) > MAX_SCHEMA_CHARS
+    with pytest.raises(GrammarError, match="at most 100,000"):
+        Grammar.json_schema(schema)
+
+
+def test_recursion_with_an_exit_is_fine(compiler):
+    tree = {
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {
+                    "value": {"type": "integer"},
+                    "children": {"type": "array", "items": {"$ref": "#/$defs/node"}},
+                },
+                "required": ["value"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    }
+    compiler.check(Grammar.json_schema(tree))
+
+
+def test_lenient_mode_ignores_what_strict_mode_refuses(compiler):
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    with pytest.raises(GrammarError):
+        compiler.check(Grammar.json_schema(schema, strict=True))
+    compiler.check(Grammar.json_schema(schema, strict=False))
+
+
+def encode(text: str) -> list[int]:
+    return tiny_tokenizer().encode(text)
+
+
+def test_constraint_follows_a_matching_text_and_refuses_others(compiler):
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+    constraint = compiler.constraint(Grammar.json_schema(schema))
+    tokens = encode('{"city": "Rome"}')
+    mask = constraint.allowed()
+    assert mask.shape == (VOCAB,) and bool(mask[tokens[0]]) and constraint.allows(tokens[0])
+    assert mask.sum() < VOCAB and not constraint.allows(EOS)  # EOS only once the object is closed
+    for token in tokens:
+        assert constraint.allows(token)
+        constraint.advance(token)
+    assert constraint.complete and constraint.allows(EOS)
+    constraint.rollback(len(tokens))
+    assert not constraint.complete
+    bad = encode("[")[0]
+    assert not constraint.allows(bad)
+    with pytest.raises(ConstraintError):
+        constraint.advance(bad)
+
+
+def test_forced_tokens_spell_what_the_grammar_leaves_no_choice_about(compiler):
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    constraint = compiler.constraint(Grammar.json_schema(schema))
+    forced = constraint.forced()
+    assert forced and tiny_tokenizer().decode(forced) in '{"name": "'
+    for token in forced:
+        constraint.advance(token)
+    assert '{"name": "'.startswith(tiny_tokenizer().decode(forced))

@@ -1,0 +1,211 @@
+"""Grammars for structured output, and the constraint the decoder follows (core/constraint.py),
+on llguidance.
+
+A `Grammar` is a user's choice made once at the edge (a JSON schema, any JSON object) and checked
+there: a schema that is not valid JSON Schema, uses keywords that cannot be enforced (in strict
+mode), recurses with no way to end, or is too big is refused with a `GrammarError` naming the
+problem before any decoding. `GrammarCompiler` holds llguidance's view of the tokenizer (built
+once: ~0.5 s) and turns a grammar into a fresh `GrammarConstraint` per reply.
+
+JSON is written compactly with a space after ':' and ',' (`{"a": 1, "b": [2, 3]}`), with no other
+whitespace: a free whitespace rule lets small models pad with newlines until the token limit, and
+fixed separators are bytes the grammar forces, drafted for free (drafters/grammar_chain.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.constraint import ConstraintError, TokenConstraint
+
+MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text; OpenAI's own limits are of the same order
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class GrammarError(ValueError):
+    """A grammar that cannot be used, with what is wrong in words for the user."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a reply must match: llguidance's grammar text and a name for messages."""
+
+    source: str
+    description: str
+
+    @classmethod
+    def json_schema(cls, schema: Any, strict: bool = True, name: str = "schema") -> Grammar:
+        """Replies that are JSON instances of `schema`. Strict: a keyword llguidance cannot
+        enforce (uniqueItems, if/then, not, ...) is an error; not strict: such keywords are
+        ignored and the rest still holds."""
+        import llguidance
+
+        if not isinstance(schema, (dict, bool)):
+            raise GrammarError(f"{name}: a JSON schema is an object (or true/false), got {type(schema).__name__}")
+        text = json.dumps(schema)
+        if len(text) > MAX_SCHEMA_CHARS:
+            raise GrammarError(f"{name}: {len(text):,} characters of JSON; at most {MAX_SCHEMA_CHARS:,}")
+        if isinstance(schema, dict):
+            _check_recursion(schema, name)
+        try:
+            source = llguidance.LLMatcher.grammar_from_json_schema(
+                text, defaults=JSON_LAYOUT, overrides={"lenient": not strict}
+            )
+        except ValueError as exc:
+            raise GrammarError(f"{name}: {exc}") from None
+        return cls(source, name)
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        """Replies that are one JSON object (OpenAI's JSON mode)."""
+        return cls.json_schema({"type": "object"}, name="JSON object")
+
+
+class GrammarCompiler:
+    """llguidance's tokenizer for one model: the output vocabulary (rows past the tokenizer's own
+    never allowed) and its stop tokens, which a grammar allows once its text is complete."""
+
+    def __init__(self, tokenizer: object, vocab_size: int, stop_ids: Iterable[int]) -> None:
+        import llguidance.hf
+
+        self.vocab_size = vocab_size
+        try:
+            self._tokenizer = llguidance.hf.from_tokenizer(
+                tokenizer, n_vocab=vocab_size, eos_token=sorted(set(stop_ids))
+            )
+        except Exception as exc:  # noqa: BLE001 - llguidance takes only fast (Rust) tokenizers
+            raise GrammarError(f"structured output cannot use this model's tokenizer: {exc}") from None
+
+    def check(self, grammar: Grammar) -> None:
+        """GrammarError when llguidance refuses the grammar (its message names the problem)."""
+        import llguidance
+
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar.source, self._tokenizer)
+        if failed:
+            raise GrammarError(f"{grammar.description}: {_first_line(messages[0])}")
+
+    def constraint(self, grammar: Grammar) -> GrammarConstraint:
+        """A fresh constraint in the grammar's initial state; GrammarError when it cannot be built."""
+        self.check(grammar)
+        return GrammarConstraint(self._tokenizer, grammar, self.vocab_size)
+
+
+class GrammarConstraint(TokenConstraint):
+    """One reply's grammar state (an llguidance matcher). The mask of the current state is
+    computed once, on first use after each move, into a buffer of one bit per token."""
+
+    def __init__(self, tokenizer: object, grammar: Grammar, vocab_size: int) -> None:
+        import llguidance
+
+        self.grammar = grammar
+        self.vocab_size = vocab_size
+        self._matcher = llguidance.LLMatcher(tokenizer, grammar.source, log_level=0)
+        if self._matcher.is_error():
+            raise GrammarError(f"{grammar.description}: {_first_line(self._matcher.get_error())}")
+        self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
+        self._fresh = False
+
+    def _mask_bits(self) -> np.ndarray:
+        if not self._fresh:
+            self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+            self._check()
+            self._fresh = True
+        return self._bits
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            raise ConstraintError(f"{self.grammar.description}: {_first_line(self._matcher.get_error())}")
+
+    def allows(self, token: int) -> bool:
+        if not 0 <= token < self.vocab_size:
+            return False
+        return bool((int(self._mask_bits()[token >> 5]) >> (token & 31)) & 1)
+
+    def allowed(self) -> torch.Tensor:
+        bits = np.unpackbits(self._mask_bits().view(np.uint8), bitorder="little")[: self.vocab_size]
+        return torch.from_numpy(bits.astype(np.bool_))
+
+    def advance(self, token: int) -> None:
+        self._fresh = False
+        if not self._matcher.consume_token(token):
+            raise ConstraintError(
+                f"{self.grammar.description}: token {token} refused ({_first_line(self._matcher.get_error())})"
+            )
+
+    def rollback(self, count: int) -> None:
+        self._fresh = False
+        if not self._matcher.rollback(count):
+            self._check()
+
+    def forced(self) -> list[int]:
+        return list(self._matcher.compute_ff_tokens())
+
+    @property
+    def complete(self) -> bool:
+        """Whether the text so far is a whole match (the reply may end here)."""
+        return self._matcher.is_accepting()
+
+
+def _first_line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else "the grammar engine gave no reason"
+
+
+def _check_recursion(schema: dict, name: str) -> None:
+    """GrammarError when a `$ref` recurses with no way to end: every instance would be infinite
+    (a ref to itself through required properties, or refs that only point at each other). A
+    recursive schema with an exit (optional children, empty arrays allowed) is fine."""
+
+    def resolve(pointer: str) -> Any:
+        if not pointer.startswith("#"):
+            return None  # remote: llguidance reports it
+        node: Any = schema
+        for part in filter(None, pointer[1:].split("/")):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                return None  # missing: llguidance reports it
+        return node
+
+    budget = [10_000]  # nodes visited; a schema built to blow the walk up is left to llguidance's limits
+
+    def finite(node: Any, open_refs: frozenset[str]) -> bool:
+        """Whether `node` has an instance of finite size, not going through `open_refs` again."""
+        budget[0] -= 1
+        if not isinstance(node, dict) or budget[0] < 0:
+            return True
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            if ref in open_refs:
+                return False
+            target = resolve(ref)
+            if target is not None and not finite(target, open_refs | {ref}):
+                return False
+        if "allOf" in node and not all(finite(part, open_refs) for part in node["allOf"]):
+            return False
+        for key in ("anyOf", "oneOf"):
+            if key in node and node[key] and not any(finite(part, open_refs) for part in node[key]):
+                return False
+        properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+        for required in node.get("required", []) if isinstance(node.get("required"), list) else []:
+            if required in properties and not finite(properties[required], open_refs):
+                return False
+        min_items = node.get("minItems", 0)
+        if isinstance(min_items, int) and min_items > 0:
+            prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+            if any(not finite(item, open_refs) for item in prefix[:min_items]):
+                return False
+            if min_items > len(prefix) and not finite(node.get("items"), open_refs):
+                return False
+        return True
+
+    if not finite(schema, frozenset()):
+        raise GrammarError(f"{name}: it recurses through $ref with no way to end (no finite JSON matches it)")
