@@ -961,14 +961,15 @@ CITY = {
 }
 
 
-def constrained_reference(engine, prompt_ids: list[int], schema: dict, max_new: int) -> list[int]:
-    """generate's greedy reply under the schema's grammar (tr's own logits processor)."""
+def constrained_reference(engine, prompt_ids: list[int], grammar, max_new: int) -> list[int]:
+    """generate's greedy reply under a grammar (or a JSON schema's), with tr's own logits processor."""
     from tr_cli.text.grammar import Grammar, GrammarCompiler
     from tr_cli.text.grammar_logits import GrammarLogitsProcessor
 
     loaded = engine.loaded
     grammars = GrammarCompiler(loaded.tokenizer, engine.decoder.vocab_size, loaded.eos_token_ids)
-    processor = GrammarLogitsProcessor(grammars.constraint(Grammar.json_schema(schema)), len(prompt_ids))
+    grammar = grammar if isinstance(grammar, Grammar) else Grammar.json_schema(grammar)
+    processor = GrammarLogitsProcessor(grammars.constraint(grammar), len(prompt_ids))
     prompt = torch.tensor([prompt_ids])
     out = loaded.model.generate(
         prompt,
@@ -1054,3 +1055,284 @@ def test_bad_schemas_get_a_400_naming_the_problem_and_never_reach_the_decoder(en
         error = caught.value.body
         assert error["param"] == "response_format" and words in error["message"], error
         assert server.worker.jobs_done == 0
+
+
+# --- tools ---------------------------------------------------------------------------------
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather now in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "description": "The time now.", "strict": True}}
+
+
+def check_weather_call(call) -> dict:
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+    assert isinstance(arguments["city"], str) and len(arguments["city"]) <= 12
+    return arguments
+
+
+def streamed_calls(stream) -> tuple[str, list[dict], str]:
+    """Content, calls (id, name, arguments joined from their pieces) and finish reason of a stream."""
+    content, calls, reason = "", {}, None
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        for piece in choice.delta.tool_calls or ():
+            call = calls.setdefault(piece.index, {"id": None, "name": None, "arguments": ""})
+            call["id"] = piece.id or call["id"]
+            if piece.function is not None:
+                call["name"] = piece.function.name or call["name"]
+                call["arguments"] += piece.function.arguments or ""
+        reason = choice.finish_reason or reason
+    return content, [calls[i] for i in sorted(calls)], reason
+
+
+def test_a_tool_round_trip_through_the_openai_client_on_a_template_without_tools(engine, server):
+    """SmolLM2's template knows no tools: they are described in the system message and the reply
+    is held to {"tool_call": ...} or {"response": ...} (the generic format)."""
+    from tr_cli.text.tools import NO_PARAMETERS, GenericFormat, Tool, ToolChoice
+
+    api = client(server)
+    messages = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    first = api.chat.completions.create(
+        model=NAME, messages=messages, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required", max_tokens=60
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None, repr(choice.message.content)
+    (call,) = choice.message.tool_calls
+    if call.function.name == "get_weather":
+        arguments = check_weather_call(call)
+    else:
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "get_time" and arguments == {}
+    # Exact: the call is what constrained generate writes for the prompt the generic format renders.
+    tools = [Tool("get_weather", "The weather now in a city.", WEATHER_TOOL["function"]["parameters"], True)]
+    tools.append(Tool("get_time", "The time now.", dict(NO_PARAMETERS), True))
+    prepared = GenericFormat().prepare(messages, tools, ToolChoice("required"))
+    grammar = GenericFormat().grammar(tools, ToolChoice("required"))
+    tokens = constrained_reference(engine, rendered(engine, prepared), grammar, 60)
+    written = json.loads(engine.loaded.tokenizer.decode(tokens, skip_special_tokens=True))
+    assert written == {"tool_call": {"name": call.function.name, "arguments": arguments}}
+    # The same call streamed as OpenAI streams calls: index, id and name first, then the arguments.
+    engine.decoder.reset()
+    content, calls, reason = streamed_calls(
+        api.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            tools=[WEATHER_TOOL, TIME_TOOL],
+            tool_choice="required",
+            max_tokens=60,
+            stream=True,
+        )
+    )
+    assert content == "" and reason == "tool_calls" and len(calls) == 1
+    assert calls[0]["name"] == call.function.name and json.loads(calls[0]["arguments"]) == arguments
+    # The result goes back; the model answers (or calls again), either way in the right shape.
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "5 C"},
+    ]
+    final = api.chat.completions.create(model=NAME, messages=messages, tools=[WEATHER_TOOL, TIME_TOOL], max_tokens=80)
+    answer = final.choices[0]
+    if answer.finish_reason == "tool_calls":
+        assert answer.message.tool_calls and answer.message.content is None
+    else:
+        assert answer.finish_reason in ("stop", "length") and isinstance(answer.message.content, str)
+    named = api.chat.completions.create(
+        model=NAME,
+        messages=messages[:1],
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=60,
+    )
+    check_weather_call(named.choices[0].message.tool_calls[0])
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "tools is empty"),
+        (
+            {"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "tool_choice",
+            "nope",
+        ),
+        ({"tools": [WEATHER_TOOL], "logprobs": True}, "logprobs", "tools"),
+        ({"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}}, "response_format", "tools"),
+        ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools", "names two tools"),
+        (
+            {
+                "tools": [
+                    {"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}, "strict": True}}
+                ]
+            },
+            "tools",
+            "tools[0].function.parameters",
+        ),
+        ({"functions": [{"name": "f"}]}, "functions", "use tools"),
+    ],
+)
+def test_bad_tool_requests_get_a_400(server, fields, param, words):
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], **fields}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+HERMES_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}Functions you may call, inside <tools></tools>:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Return each call as <tool_call>
+{"name": <name>, "arguments": <arguments object>}
+</tool_call><|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}
+{%- elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{% if message.content %}{{ message.content }}
+{% endif %}{% for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>
+{% endfor %}<|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+@pytest.fixture(scope="module")
+def hermes_engine(tiny_llama_dir, tmp_path_factory):
+    """The tiny model with a Qwen-style (Hermes) tool template of our own."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("tiny-hermes") / "model"
+    shutil.copytree(tiny_llama_dir, directory)
+    (directory / "chat_template.jinja").write_text(HERMES_TEMPLATE)
+    config = json.loads((directory / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+    home = tmp_path_factory.mktemp("hermes-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TR_HOME", str(home))
+        yield Engine.open(DecodingOptions.parse(model=str(directory), device="cpu", dtype="float32"))
+
+
+def test_a_tool_round_trip_on_a_qwen_style_template(hermes_engine):
+    from tr_cli.text.tools import HermesFormat, Tool, ToolChoice
+
+    with running(hermes_engine) as server:
+        api = client(server)
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Rome?"}]
+        first = api.chat.completions.create(
+            model=NAME, messages=messages, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=80
+        )
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        arguments = check_weather_call(choice.message.tool_calls[0])
+        # The template renders the tools itself, and the call is constrained generate's.
+        tools = [Tool("get_weather", "The weather now in a city.", WEATHER_TOOL["function"]["parameters"], True)]
+        tokenizer = hermes_engine.loaded.tokenizer
+        prompt = tokenizer.apply_chat_template(
+            messages, tools=[WEATHER_TOOL], tokenize=False, add_generation_prompt=True
+        )
+        assert "<tools>" in prompt and '"get_weather"' in prompt
+        grammar = HermesFormat().grammar(tools, ToolChoice("required"))
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        written = tokenizer.decode(constrained_reference(hermes_engine, ids, grammar, 80), skip_special_tokens=True)
+        assert HermesFormat().parse(written, tools)[1][0].arguments == json.dumps(arguments)
+        call = choice.message.tool_calls[0]
+        messages += [
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "20 C"},
+        ]
+        final = api.chat.completions.create(model=NAME, messages=messages, tools=[WEATHER_TOOL], max_tokens=30)
+        assert final.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        rendered_history = tokenizer.apply_chat_template(
+            HermesFormat().prepare(
+                [*messages[:2], {"role": "assistant", "content": "", "tool_calls": [call.model_dump()]}, messages[-1]],
+                tools,
+                ToolChoice("auto"),
+            ),
+            tools=[WEATHER_TOOL],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        assert "<tool_response>\n20 C\n</tool_response>" in rendered_history and "<tool_call>" in rendered_history
+
+
+@pytest.fixture(scope="module")
+def smollm2_engine(smollm2_checkpoint, tmp_path_factory):
+    home = tmp_path_factory.mktemp("smollm2-serve-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TR_HOME", str(home))
+        yield Engine.open(DecodingOptions.parse(model=str(smollm2_checkpoint), device="cpu", dtype="float32"))
+
+
+def test_smollm2_calls_a_tool_answers_from_its_result_and_extracts_json(smollm2_engine):
+    """The real model through the official client: call -> result -> answer, and a JSON-schema
+    extraction, both parsed and checked against their schemas."""
+    from pydantic import BaseModel, Field
+
+    with running(smollm2_engine) as server:
+        api = client(server)
+        messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+        first = api.chat.completions.create(
+            model=NAME, messages=messages, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=80, temperature=0
+        )
+        assert first.choices[0].finish_reason == "tool_calls"
+        call = first.choices[0].message.tool_calls[0]
+        check_weather_call(call)
+        messages += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": '{"temperature": 21, "sky": "clear"}'},
+        ]
+        final = api.chat.completions.create(
+            model=NAME, messages=messages, tools=[WEATHER_TOOL], tool_choice="none", max_tokens=60, temperature=0
+        )
+        answer = final.choices[0].message
+        assert answer.tool_calls is None and answer.content.strip()
+
+        class Person(BaseModel):
+            name: str = Field(max_length=40)
+            age: int = Field(ge=0, le=130)
+            city: str = Field(max_length=40)
+
+        text = "Extract the person: Maria Lopez is 34 years old and lives in Valencia."
+        parsed = api.chat.completions.parse(
+            model=NAME,
+            messages=[{"role": "user", "content": text}],
+            response_format=Person,
+            max_tokens=60,
+            temperature=0,
+        )
+        person = parsed.choices[0].message.parsed
+        assert isinstance(person, Person) and person.age == 34 and "Maria" in person.name

@@ -53,6 +53,11 @@ class TokenConstraint(ABC):
         """Tokens the grammar leaves no choice but to write next (a key, a quote, a brace): a draft
         that costs no model work to propose. Empty when the next token is open."""
 
+    @abstractmethod
+    def certain(self, tokens: list[int]) -> int:
+        """How many of `tokens` (a forced run) are, one after another, the only token the grammar
+        allows: whatever the model prefers, constrained decoding writes exactly those."""
+
 
 def masked_argmax(row: torch.Tensor, values: list[float], indices: list[int], constraint: TokenConstraint) -> int:
     """Exactly `row.masked_fill(~allowed, -inf).argmax()` (first index among equal maxima), read

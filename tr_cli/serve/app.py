@@ -291,7 +291,7 @@ def create_app(
                 code="queue_full",
                 headers={"Retry-After": str(full.retry_after)},
             ) from None
-        reply = Reply(chat, model.name)
+        reply = Reply(chat, model.name, read_calls=job.read_calls)
         if parsed.stream:
             return StreamingResponse(
                 _stream(job, reply, request, parsed.include_usage()),
@@ -316,7 +316,8 @@ def create_app(
                     yield SSE_KEEPALIVE
                 elif isinstance(item, Delta):
                     generated = item.generated
-                    yield sse(reply.chunk(item.text, logprobs=item.logprobs))
+                    if reply.read_calls is None:  # with tools the reply is read whole first
+                        yield sse(reply.chunk(item.text, logprobs=item.logprobs))
                 elif isinstance(item, Failed):
                     request.state.error = item.error.message
                     ended = True
@@ -325,6 +326,9 @@ def create_app(
                 else:  # Finished
                     request.state.finished = item
                     ended = True
+                    if reply.read_calls is not None:
+                        for chunk in reply.tool_chunks(item):
+                            yield sse(chunk)
                     yield sse(reply.last_chunk(item))
                     if include_usage:
                         yield sse(reply.usage_chunk(item))

@@ -14,8 +14,9 @@ from ..core.sampling_config import SamplingConfig, SamplingRequest
 from ..core.stopping import NoRoomForReply, reply_budget
 from ..engine.options import DEFAULT_MAX_NEW_TOKENS
 from ..text.conversation import ConversationEncoder, TemplateError
-from ..text.grammar import GrammarCompiler, GrammarConstraint, GrammarError
+from ..text.grammar import Grammar, GrammarCompiler, GrammarConstraint, GrammarError
 from ..text.prompt_bound import fewest_tokens, longest_token_chars
+from ..text.tools import ToolChoice, ToolFormat, parameter_grammars, tool_format
 from .errors import ApiError
 from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .worker import Job
@@ -44,15 +45,33 @@ class ServedModel:
         """Built on the first structured request (~0.5 s), then kept."""
         return GrammarCompiler(self.tokenizer, self.vocab_size, self.stop_ids)
 
-    def constraint(self, request: GenerationRequest) -> GrammarConstraint | None:
+    @cached_property
+    def tool_format(self) -> ToolFormat:
+        """How this model's chat template speaks tools (text/tools.py)."""
+        return tool_format(getattr(self.tokenizer, "chat_template", None))
+
+    def constraint(self, grammar: Grammar | None, param: str) -> GrammarConstraint | None:
         """The reply's grammar in its initial state, checked against the tokenizer; None for text."""
-        grammar = request.grammar()
         if grammar is None:
             return None
         try:
             return self.grammars.constraint(grammar)
         except GrammarError as exc:
-            raise ApiError(400, str(exc), param="response_format") from None
+            raise ApiError(400, str(exc), param=param) from None
+
+    def tool_grammar(self, request: ChatCompletionRequest) -> Grammar | None:
+        """The grammar the reply follows for the tools offered (None: free text), each tool's
+        parameter schema checked first so that an error names the tool."""
+        setup = request.tool_setup()
+        if setup is None:
+            return None
+        tools, choice = setup
+        try:
+            for grammar in parameter_grammars(tools):
+                self.grammars.check(grammar)
+            return self.tool_format.grammar(tools, choice)
+        except GrammarError as exc:
+            raise ApiError(400, str(exc), param="tools") from None
 
     @cached_property
     def longest_token(self) -> int:
@@ -88,8 +107,14 @@ class ServedModel:
         if not self.encoder.templated:
             raise ApiError(400, f"model {self.name} has no chat template: use /v1/completions", param="messages")
         self._refuse_what_cannot_fit([m["content"] for m in messages], "messages")
+        template_tools = None
+        if request.uses_tools():
+            tools, choice = request.tool_setup() or ([], ToolChoice("none"))
+            messages = self.tool_format.prepare(messages, tools, choice)
+            if self.tool_format.native and choice.offers:
+                template_tools = [tool.as_template() for tool in tools]
         try:
-            return self.encoder.encode(messages).ids
+            return self.encoder.encode(messages, template_tools).ids
         except TemplateError as exc:
             raise ApiError(400, str(exc), param="messages") from None
 
@@ -156,7 +181,15 @@ class ServedModel:
         else:
             prompt = self.completion_prompt(request)
         budget = self.budget(prompt, request.requested_tokens())
-        constraint = self.constraint(request)
+        read_calls = None
+        if isinstance(request, ChatCompletionRequest) and request.tool_setup() is not None:
+            tools, choice = request.tool_setup()
+            grammar, param = self.tool_grammar(request), "tools"
+            if choice.offers:
+                read_calls = lambda text: self.tool_format.parse(text, tools)  # noqa: E731
+        else:
+            grammar, param = request.grammar(), "response_format"
+        constraint = self.constraint(grammar, param)
         return Job(
             prompt,
             budget,
@@ -164,5 +197,6 @@ class ServedModel:
             stops,
             logprobs=request.logprob_top(),
             constraint=constraint,
+            read_calls=read_calls,
             loop=loop,
         )

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .. import __version__
+from ..text.tools import ToolCall
 from .logprobs import NamedToken, ShownLogprob
 from .worker import Finished
+
+ARGUMENT_CHUNK = 32  # characters of a call's arguments per streamed chunk
 
 FINGERPRINT = f"tr-{__version__}"
 
@@ -66,8 +69,12 @@ class Reply:
 
     chat: bool
     model: str
+    # With tools offered: the finished text read as (content, calls); the reply is then held back
+    # while it is decoded and streamed once read (calls as delta.tool_calls).
+    read_calls: Callable[[str], tuple[str | None, list[ToolCall]]] | None = None
 
     def __post_init__(self) -> None:
+        self._read: tuple[str | None, list[ToolCall]] | None = None
         self.id = ("chatcmpl-" if self.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
 
@@ -85,14 +92,30 @@ class Reply:
             "system_fingerprint": FINGERPRINT,
         }
 
+    def calls(self, finished: Finished) -> tuple[str | None, list[ToolCall], str]:
+        """The reply's content, its tool calls and the finish reason ("tool_calls" when it calls)."""
+        if self.read_calls is None:
+            return finished.text, [], finished.finish_reason
+        if self._read is None:  # once: each read names its calls afresh
+            self._read = self.read_calls(finished.text)
+        content, calls = self._read
+        return content, calls, "tool_calls" if calls else finished.finish_reason
+
     def whole(self, finished: Finished) -> dict:
         """The non-streamed response."""
         if self.chat:
+            content, calls, reason = self.calls(finished)
+            message: dict = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in calls
+                ]
             choice = {
                 "index": 0,
-                "message": {"role": "assistant", "content": finished.text},
+                "message": message,
                 "logprobs": self._logprobs(finished.logprobs),
-                "finish_reason": finished.finish_reason,
+                "finish_reason": reason,
             }
             head = self._head("chat.completion")
         else:
@@ -122,9 +145,27 @@ class Reply:
         choice = {"index": 0, "text": text or "", "logprobs": rendered, "finish_reason": finish_reason}
         return {**self._head("text_completion"), "choices": [choice]}
 
+    def tool_chunks(self, finished: Finished) -> list[dict]:
+        """With tools: the held-back reply, streamed as OpenAI streams it: the content, then per
+        call a chunk with its index, id and name, then its arguments in pieces."""
+        content, calls, _ = self.calls(finished)
+        chunks = [self.chunk(content)] if content else []
+        for index, call in enumerate(calls):
+            head = {"index": index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            chunks.append(self._delta({"tool_calls": [head]}))
+            for start in range(0, len(call.arguments), ARGUMENT_CHUNK):
+                piece = call.arguments[start : start + ARGUMENT_CHUNK]
+                chunks.append(self._delta({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}))
+        return chunks
+
+    def _delta(self, delta: dict) -> dict:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return {**self._head("chat.completion.chunk"), "choices": [choice]}
+
     def last_chunk(self, finished: Finished) -> dict:
         """The chunk that ends the choice, with tr's statistics."""
-        return {**self.chunk(finish_reason=finished.finish_reason), "tr": decode_stats(finished)}
+        _, _, reason = self.calls(finished)
+        return {**self.chunk(finish_reason=reason), "tr": decode_stats(finished)}
 
     def usage_chunk(self, finished: Finished) -> dict:
         """`stream_options.include_usage`: a last chunk with no choices and the usage."""

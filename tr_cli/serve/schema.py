@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.logprobs import MAX_TOP
 from ..text.grammar import Grammar, GrammarError
 from ..text.input_text import unicode_problem
+from ..text.tools import NO_PARAMETERS, Tool, ToolChoice
 from .errors import ApiError
 
 MAX_STOP_STRINGS = 4  # the OpenAI API's limit
@@ -34,16 +35,35 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str
+
+
+class ToolCallMessage(BaseModel):
+    """A call an assistant message made (sent back in the history)."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallMessage] | None = None  # assistant
+    tool_call_id: str | None = None  # tool: the call this is the result of
 
     def text(self, index: int) -> str:
         """The message's text; parts other than text are refused."""
         param = f"messages[{index}].content"
-        if self.role in ("tool", "function"):
-            raise ApiError(400, f"messages[{index}]: role '{self.role}' is not supported (no tools)", param=param)
+        if self.role == "function":
+            raise ApiError(400, f"messages[{index}]: role 'function' is not supported (use tools)", param=param)
+        if self.content is None and self.role == "assistant" and self.tool_calls:
+            return ""
         if self.content is None:
             raise ApiError(400, f"messages[{index}]: content is required", param=param)
         if isinstance(self.content, str):
@@ -54,6 +74,31 @@ class Message(BaseModel):
                 raise ApiError(400, f"{param}: only text parts are supported, got '{part.type}'", param=param)
             pieces.append(part.text)
         return checked_text("".join(pieces), param)
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class JsonSchemaFormat(BaseModel):
@@ -153,7 +198,9 @@ class GenerationRequest(BaseModel):
 class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    tools: list[Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_TOP)] | None = None
@@ -172,15 +219,53 @@ class ChatCompletionRequest(GenerationRequest):
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.tools or self.functions:
-            raise ApiError(400, "tools and functions are not supported", param="tools")
+        if self.functions:
+            raise ApiError(400, "functions is not supported (use tools)", param="functions")
+        offered = self.tool_setup()
+        if offered is not None and offered[1].offers:
+            if self.logprobs:
+                raise ApiError(400, "logprobs together with tools is not supported", param="logprobs")
+            if self.grammar() is not None:
+                raise ApiError(400, "response_format together with tools is not supported", param="response_format")
 
-    def conversation(self) -> list[dict[str, str]]:
-        """The messages as the chat template takes them ('developer' is the system role)."""
-        return [
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
-            for i, m in enumerate(self.messages)
+    def tool_setup(self) -> tuple[list[Tool], ToolChoice] | None:
+        """The tools offered and how the model may use them; None without tools."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice is not None and choice not in ("none", "auto"):
+                raise ApiError(400, "tool_choice: a function is asked for but tools is empty", param="tool_choice")
+            return None
+        tools = [
+            Tool(
+                t.function.name,
+                t.function.description or "",
+                t.function.parameters if t.function.parameters is not None else dict(NO_PARAMETERS),
+                bool(t.function.strict),
+            )
+            for t in self.tools
         ]
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in {tool.name for tool in tools}:
+                raise ApiError(400, f"tool_choice: no tool is named '{choice.function.name}'", param="tool_choice")
+            return tools, ToolChoice("function", choice.function.name)
+        return tools, ToolChoice(choice or "auto")
+
+    def conversation(self) -> list[dict[str, Any]]:
+        """The messages as the chat template takes them ('developer' is the system role); an
+        assistant's calls and a tool's result keep their ids."""
+        messages = []
+        for i, m in enumerate(self.messages):
+            message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": m.text(i)}
+            if m.tool_calls:
+                message["tool_calls"] = [call.model_dump() for call in m.tool_calls]
+            if m.role == "tool":
+                message["tool_call_id"] = m.tool_call_id or ""
+            messages.append(message)
+        return messages
+
+    def uses_tools(self) -> bool:
+        """Whether tools are offered or the history holds calls or results."""
+        return bool(self.tools) or any(m.tool_calls or m.role == "tool" for m in self.messages)
 
 
 class CompletionRequest(GenerationRequest):

@@ -35,6 +35,7 @@ from ..core.events import GenerationResult, GenerationStats, track
 from ..core.sampling_config import SamplingConfig
 from ..text.reply_text import ReplyText
 from ..text.token_pieces import TokenPieces
+from ..text.tools import ToolCall
 from .errors import ApiError, server_error, unavailable
 from .logprobs import LogprobStream, ShownLogprob
 
@@ -87,6 +88,8 @@ class Job:
     stops: tuple[str, ...] = ()
     logprobs: int | None = None  # the most likely tokens to give beside each token's; None: no logprobs
     constraint: TokenConstraint | None = None  # the grammar the reply must match (structured output)
+    # With tools offered: reads the finished reply as (content, tool calls) (text/tools.py).
+    read_calls: Callable[[str], tuple[str | None, list[ToolCall]]] | None = None
     enqueued: float = field(default_factory=time.perf_counter)
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)  # the requester's (default: running)
     _inbox: asyncio.Queue | None = None

@@ -14,11 +14,11 @@ turns differently this time.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..errors import UserError
 
-Message = dict[str, str]  # {"role": "system" | "user" | "assistant", "content": text}
+Message = dict[str, Any]  # {"role": "system" | "user" | "assistant" | "tool", "content": text, ...}
 
 
 class TemplateError(UserError):
@@ -48,17 +48,18 @@ class ConversationEncoder:
     def _tokens(self, text: str, special: bool = False) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
-    def render(self, messages: list[Message]) -> str:
-        """The template's text of a conversation ending with a user message, ready for the reply."""
+    def render(self, messages: list[Message], tools: list[dict] | None = None) -> str:
+        """The template's text of a conversation ending with a user message (or a tool's result),
+        ready for the reply; `tools` (OpenAI's shape) for templates that describe them."""
         try:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 - jinja2's TemplateError from the template's checks, and friends
             raise TemplateError(f"the chat template rejects this conversation: {exc}") from None
 
-    def encode(self, messages: list[Message]) -> Prompt:
+    def encode(self, messages: list[Message], tools: list[dict] | None = None) -> Prompt:
         """The whole conversation (ending with a user message), ready for the model's reply."""
         if self.templated:
-            text = self.render(messages)
+            text = self.render(messages, tools)
             return Prompt(self._tokens(text), True, text)
         pieces = [m["content"] + "\n\n" if m["role"] == "system" else m["content"] for m in messages]
         ids = self._tokens(pieces[0], special=True)

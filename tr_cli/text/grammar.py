@@ -62,6 +62,11 @@ class Grammar:
         return cls(source, name)
 
     @classmethod
+    def lark(cls, source: str, description: str) -> Grammar:
+        """A grammar in llguidance's Lark dialect (JSON schemas embed as `%json {...}` rules)."""
+        return cls(source, description)
+
+    @classmethod
     def json_object(cls) -> Grammar:
         """Replies that are one JSON object (OpenAI's JSON mode)."""
         return cls.json_schema({"type": "object"}, name="JSON object")
@@ -145,6 +150,18 @@ class GrammarConstraint(TokenConstraint):
 
     def forced(self) -> list[int]:
         return list(self._matcher.compute_ff_tokens())
+
+    def certain(self, tokens: list[int]) -> int:
+        count = 0
+        for token in tokens:
+            words = np.flatnonzero(self._mask_bits())
+            if len(words) != 1 or int(self._bits[words[0]]).bit_count() != 1 or not self.allows(token):
+                break
+            self.advance(token)
+            count += 1
+        if count:
+            self.rollback(count)
+        return count
 
     @property
     def complete(self) -> bool:

@@ -35,6 +35,9 @@ class SetConstraint(TokenConstraint):
     def forced(self) -> list[int]:
         return []
 
+    def certain(self, tokens: list[int]) -> int:
+        return 0
+
 
 def full_masked_argmax(row, allowed):
     mask = torch.zeros(row.shape[0], dtype=torch.bool)

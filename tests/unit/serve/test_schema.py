@@ -146,8 +146,9 @@ def test_model_is_required():
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"frequency_penalty": -1.0}, "frequency_penalty"),
         ({"logit_bias": {"42": 5.0}}, "logit_bias"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"functions": [{"name": "f"}]}, "tools"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}], "logprobs": True}, "logprobs"),
+        ({"tool_choice": "required"}, "tool_choice"),
     ],
 )
 def test_chat_refuses_what_tr_cannot_honour(fields, param):
@@ -179,10 +180,9 @@ def test_penalties_refusal_points_to_repetition_penalty():
     assert "repetition_penalty" in refused(chat(presence_penalty=1.0).unsupported, "presence_penalty").message
 
 
-@pytest.mark.parametrize("role", ["tool", "function"])
-def test_tool_messages_are_refused(role):
-    request = chat(messages=[{"role": "user", "content": "hi"}, {"role": role, "content": "42"}])
-    assert "no tools" in refused(request.conversation, "messages[1].content").message
+def test_legacy_function_messages_are_refused():
+    request = chat(messages=[{"role": "user", "content": "hi"}, {"role": "function", "content": "42"}])
+    assert "use tools" in refused(request.conversation, "messages[1].content").message
 
 
 def test_a_message_without_content_or_with_non_text_parts_is_refused():
@@ -246,3 +246,39 @@ def test_unusable_response_formats_are_refused(response_format, words):
 def test_an_unknown_response_format_type_is_a_validation_error():
     with pytest.raises(ValidationError):
         chat(response_format={"type": "yaml"})
+
+
+def test_tools_read_as_tools_and_a_choice():
+    from tr_cli.text.tools import NO_PARAMETERS, ToolChoice
+
+    tool = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+    tools, choice = chat(tools=[tool]).tool_setup()
+    assert [(t.name, t.description, t.parameters, t.strict) for t in tools] == [("f", "d", {"type": "object"}, False)]
+    assert choice == ToolChoice("auto")
+    bare = {"type": "function", "function": {"name": "g", "strict": True}}
+    (g,), _ = chat(tools=[bare], tool_choice="none").tool_setup()
+    assert g.parameters == NO_PARAMETERS and g.strict
+    named = {"type": "function", "function": {"name": "f"}}
+    assert chat(tools=[tool], tool_choice=named).tool_setup()[1] == ToolChoice("function", "f")
+    refused(
+        lambda: chat(tools=[tool], tool_choice={"type": "function", "function": {"name": "x"}}).tool_setup(),
+        "tool_choice",
+    )
+    assert chat().tool_setup() is None and chat(tool_choice="none").tool_setup() is None
+    with pytest.raises(ValidationError):
+        chat(tools=[{"type": "function", "function": {"name": "bad name"}}])
+
+
+def test_tool_calls_and_results_stay_in_the_conversation():
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    request = chat(
+        messages=[
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "done"},
+        ]
+    )
+    messages = request.conversation()
+    assert messages[1] == {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert messages[2] == {"role": "tool", "content": "done", "tool_call_id": "call_1"}
+    assert request.uses_tools() and not chat().uses_tools()

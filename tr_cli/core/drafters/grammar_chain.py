@@ -2,9 +2,11 @@
 closing brace), the tokens it forces are drafted as a chain under the root.
 
 Proposing them costs no model work, and they are nearly always right: the grammar allows only
-those bytes, so the model can differ only by splitting them into other tokens. Each node is priced
-at the chain's measured rate of being right given its parent was (a smoothed count, prior 0.95), so
-a planner keeps them ahead of guesses. Drafted while a constraint is set (decode.set_constraint).
+those bytes, so the model can differ only by splitting them into other tokens. Where the grammar
+allows one token alone, it is certain (probability 1: constrained decoding writes it whatever the
+model prefers); the rest of the chain is priced at its measured rate of being right given its
+parent was (a smoothed count, prior 0.95), so a planner keeps them ahead of guesses. Drafted while
+a constraint is set (decode.set_constraint).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class GrammarChainDrafter(Drafter):
         self.trials = 0.0
         self._specs = {n: TreeSpec.chain(f"grammar{n}", n) for n in range(1, depth + 1)}
         self._drafted = 0
+        self._certain = 0
 
     @property
     def rate(self) -> float:
@@ -42,11 +45,12 @@ class GrammarChainDrafter(Drafter):
         self._drafted = len(forced)
         if not forced:
             return None
+        certain = self._certain = self.constraint.certain(forced)
         rate = self.rate
         return Draft(
             spec=self._specs[len(forced)],
             tokens=torch.tensor([root, *forced], dtype=torch.long, device=self.device),
-            probabilities=tuple(rate**depth for depth in range(1, len(forced) + 1)),
+            probabilities=tuple(rate ** max(depth - certain, 0) for depth in range(1, len(forced) + 1)),
         )
 
     def learn(self, verification: Verification, placement: Placement | None) -> None:
@@ -54,12 +58,13 @@ class GrammarChainDrafter(Drafter):
             return
         right = verification.right_paths
         parent_right = True  # the root
-        for merged in placement.nodes:
+        for depth, merged in enumerate(placement.nodes, start=1):
             if merged < 0 or not parent_right:
                 break
-            self.trials += 1.0
             parent_right = right[merged]
-            self.hits += parent_right
+            if depth > self._certain:  # certain nodes say nothing about the rate
+                self.trials += 1.0
+                self.hits += parent_right
 
     @property
     def max_nodes(self) -> int:

@@ -1,0 +1,327 @@
+"""Tool calls: how the tools reach the model, which grammar its reply follows, and how the reply
+is read back as calls, in the format the model's chat template speaks.
+
+- Hermes/Qwen (the template writes `<tool_call>`): the tools go through the template
+  (`apply_chat_template(tools=...)`); a call is `<tool_call>\\n{"name": ..., "arguments": {...}}\\n
+  </tool_call>`.
+- Llama 3 (the template takes `tools` without `<tool_call>`): also through the template; a call is
+  the JSON object `{"name": ..., "parameters": {...}}`.
+- Generic (a template with no tool support, SmolLM2's among them; what llama.cpp's generic handler
+  does): the tools are described in the system message and the whole reply is one JSON object,
+  `{"tool_call": {"name": ..., "arguments": {...}}}` or `{"response": "..."}`, held to that by the
+  grammar.
+
+`tool_choice` "required" or a named function makes the grammar allow exactly one call (of that
+function); "auto" lets the model answer or call (the generic grammar allows both; the native
+formats decode free and read calls out of the text); "none" offers no tools. A call's arguments
+always follow the function's parameter schema where the grammar holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .grammar import JSON_LAYOUT, Grammar, GrammarError
+
+Message = dict[str, Any]
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # a function without parameters
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict
+    strict: bool = False
+
+    def as_template(self) -> dict:
+        """The OpenAI shape chat templates take as `tools`."""
+        function = {"name": self.name, "description": self.description, "parameters": self.parameters}
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # the arguments' JSON text, as the API carries them
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """ "auto", "required", "none", or one function by name."""
+
+    mode: str
+    function: str | None = None
+
+    @property
+    def offers(self) -> bool:
+        return self.mode != "none"
+
+    @property
+    def forces_call(self) -> bool:
+        return self.mode in ("required", "function")
+
+    def callable(self, tools: list[Tool]) -> list[Tool]:
+        return [tool for tool in tools if self.function is None or tool.name == self.function]
+
+
+def parameter_grammars(tools: list[Tool]) -> list[Grammar]:
+    """Each tool's parameter schema as a grammar of its own, so that a compiler's check names the
+    tool whose schema cannot be used; GrammarError for a repeated name or a schema refused here."""
+    seen: set[str] = set()
+    grammars = []
+    for index, tool in enumerate(tools):
+        if tool.name in seen:
+            raise GrammarError(f"tools[{index}].function.name: '{tool.name}' names two tools")
+        seen.add(tool.name)
+        grammars.append(Grammar.json_schema(tool.parameters, tool.strict, f"tools[{index}].function.parameters"))
+    return grammars
+
+
+def _arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+
+
+def _arguments_value(text: str) -> Any:
+    """A call's arguments as the template renders them (an object), from the API's JSON text."""
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError):
+        return text
+
+
+def _with_layout(schema: dict, strict: bool) -> dict:
+    """A schema for a grammar's %json rule, with tr's JSON layout (grammar.JSON_LAYOUT)."""
+    return {**schema, "x-guidance": {**JSON_LAYOUT, "lenient": not strict}}
+
+
+class ToolFormat:
+    """How one family of chat templates speaks tools."""
+
+    name = "generic"
+    native = False  # the template renders the tools itself
+
+    def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
+        """The conversation as the template gets it (tools described, calls and results written)."""
+        raise NotImplementedError
+
+    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
+        raise NotImplementedError
+
+    def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        """The reply's content (None when it is only calls) and its calls."""
+        raise NotImplementedError
+
+
+def _call_names(messages: list[Message]) -> dict[str, str]:
+    """Tool call ids of the conversation's assistant messages -> function names."""
+    names = {}
+    for message in messages:
+        for call in message.get("tool_calls") or ():
+            names[call["id"]] = call["function"]["name"]
+    return names
+
+
+class GenericFormat(ToolFormat):
+    name = "generic"
+
+    def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
+        names = _call_names(messages)
+        out: list[Message] = []
+        for message in messages:
+            role = message["role"]
+            if role == "assistant" and message.get("tool_calls"):
+                calls = [
+                    {
+                        "tool_call": {
+                            "name": c["function"]["name"],
+                            "arguments": _arguments_value(c["function"]["arguments"]),
+                        }
+                    }
+                    for c in message["tool_calls"]
+                ]
+                out.append(
+                    {"role": "assistant", "content": "\n".join(json.dumps(c, ensure_ascii=False) for c in calls)}
+                )
+            elif role == "assistant" and choice.offers:
+                out.append(
+                    {"role": "assistant", "content": json.dumps({"response": message["content"]}, ensure_ascii=False)}
+                )
+            elif role == "tool":
+                result = {
+                    "tool_response": {
+                        "name": names.get(message.get("tool_call_id", ""), ""),
+                        "content": message["content"],
+                    }
+                }
+                out.append({"role": "user", "content": json.dumps(result, ensure_ascii=False)})
+            else:
+                out.append({"role": role, "content": message["content"]})
+        if not choice.offers:
+            return out
+        described = "\n".join(json.dumps(tool.as_template()["function"], ensure_ascii=False) for tool in tools)
+        how = 'To call a tool, reply with one JSON object {"tool_call": {"name": <tool name>, "arguments": {...}}}'
+        how += "." if choice.forces_call else '; to answer directly, reply with {"response": "<your answer>"}.'
+        text = f"You can call these tools (their arguments as JSON Schema):\n{described}\n\n{how}"
+        if out and out[0]["role"] == "system":
+            return [{"role": "system", "content": f"{out[0]['content']}\n\n{text}"}, *out[1:]]
+        return [{"role": "system", "content": text}, *out]
+
+    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
+        if not choice.offers:
+            return None
+        options = []
+        for tool in choice.callable(tools):
+            call = {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            wrapped = {"tool_call": call}
+            options.append(
+                {"type": "object", "properties": wrapped, "required": ["tool_call"], "additionalProperties": False}
+            )
+        if not choice.forces_call:
+            response = {"response": {"type": "string"}}
+            options.append(
+                {"type": "object", "properties": response, "required": ["response"], "additionalProperties": False}
+            )
+        strict = all(tool.strict for tool in tools)
+        return Grammar.json_schema({"anyOf": options}, strict=strict, name="tools")
+
+    def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text, []  # cut short (max_tokens): what was written
+        if isinstance(value, dict) and isinstance(value.get("tool_call"), dict):
+            call = value["tool_call"]
+            return None, [ToolCall(new_call_id(), str(call.get("name")), _arguments_text(call.get("arguments", {})))]
+        if isinstance(value, dict) and isinstance(value.get("response"), str):
+            return value["response"], []
+        return text, []
+
+
+def _native_messages(messages: list[Message]) -> list[Message]:
+    """Calls and results in the shape transformers' chat templates read (arguments as objects)."""
+    names = _call_names(messages)
+    out: list[Message] = []
+    for message in messages:
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            calls = [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {
+                        "name": call["function"]["name"],
+                        "arguments": _arguments_value(call["function"]["arguments"]),
+                    },
+                }
+                for call in message["tool_calls"]
+            ]
+            out.append({"role": "assistant", "content": message.get("content") or "", "tool_calls": calls})
+        elif message["role"] == "tool":
+            call_id = message.get("tool_call_id", "")
+            out.append(
+                {"role": "tool", "content": message["content"], "tool_call_id": call_id, "name": names.get(call_id, "")}
+            )
+        else:
+            out.append(message)
+    return out
+
+
+class HermesFormat(ToolFormat):
+    name = "hermes"
+    native = True
+    _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+    def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
+        return _native_messages(messages)
+
+    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
+        if not choice.forces_call:
+            return None  # "auto": the model writes text or calls; calls are read out of it
+        options = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for tool in choice.callable(tools)
+        ]
+        schema = _with_layout({"anyOf": options}, all(tool.strict for tool in tools))
+        lark = f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(schema)}'
+        return Grammar.lark(lark, "tools")
+
+    def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        calls = []
+        for block in self._BLOCK.findall(text):
+            try:
+                value = json.loads(block)
+            except ValueError:
+                return text, []  # not a call after all: the text as written
+            if not isinstance(value, dict) or "name" not in value:
+                return text, []
+            calls.append(ToolCall(new_call_id(), str(value["name"]), _arguments_text(value.get("arguments", {}))))
+        if not calls:
+            return text, []
+        rest = self._BLOCK.sub("", text).strip()
+        return rest or None, calls
+
+
+class Llama3Format(ToolFormat):
+    name = "llama3"
+    native = True
+
+    def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
+        return _native_messages(messages)
+
+    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
+        if not choice.forces_call:
+            return None
+        options = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.name}, "parameters": tool.parameters},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for tool in choice.callable(tools)
+        ]
+        return Grammar.json_schema({"anyOf": options}, strict=all(tool.strict for tool in tools), name="tools")
+
+    def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        stripped = text.strip()
+        if stripped.startswith("<|python_tag|>"):
+            stripped = stripped[len("<|python_tag|>") :].strip()
+        try:
+            value = json.loads(stripped)
+        except ValueError:
+            return text, []
+        names = {tool.name for tool in tools}
+        if isinstance(value, dict) and value.get("name") in names:
+            arguments = value.get("parameters", value.get("arguments", {}))
+            return None, [ToolCall(new_call_id(), value["name"], _arguments_text(arguments))]
+        return text, []
+
+
+def tool_format(chat_template: str | None) -> ToolFormat:
+    """The format a chat template speaks: Hermes/Qwen if it writes `<tool_call>`, Llama 3 if it
+    takes `tools` otherwise, else the generic one."""
+    template = chat_template or ""
+    if "<tool_call>" in template:
+        return HermesFormat()
+    if re.search(r"\btools\b", template):
+        return Llama3Format()
+    return GenericFormat()
