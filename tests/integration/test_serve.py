@@ -1336,3 +1336,29 @@ def test_smollm2_calls_a_tool_answers_from_its_result_and_extracts_json(smollm2_
         )
         person = parsed.choices[0].message.parsed
         assert isinstance(person, Person) and person.age == 34 and "Maria" in person.name
+
+
+def test_a_nested_pydantic_tool_and_a_schema_beside_tools_not_offered(server):
+    from pydantic import BaseModel, Field
+
+    class Point(BaseModel):
+        x: int = Field(ge=0, le=99)
+        y: int = Field(ge=0, le=99)
+
+    class Move(BaseModel):
+        to: Point
+        fast: bool
+
+    api = client(server)
+    tool = openai.pydantic_function_tool(Move)  # nested models: $defs and local $refs
+    messages = [{"role": "user", "content": "Move to 3, 4."}]
+    reply = api.chat.completions.create(
+        model=NAME, messages=messages, tools=[tool], tool_choice="required", max_tokens=60
+    )
+    Move.model_validate_json(reply.choices[0].message.tool_calls[0].function.arguments)
+    # tool_choice "none": no tools offered, so the response_format holds.
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    plain = api.chat.completions.create(
+        model=NAME, messages=messages, tools=[tool], tool_choice="none", response_format=response_format, max_tokens=60
+    )
+    assert set(json.loads(plain.choices[0].message.content)) == set(CITY["properties"])

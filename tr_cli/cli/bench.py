@@ -145,10 +145,12 @@ def bench(
         raise UserError(f"--turns {turns}: use 1 or all")
     records = _select(prompts_file, categories, per_category, limit)
     structured = any(record.schema is not None for record in records)
-    llama = [method.name for method in chosen if method.llama_cpp]
-    if structured and llama:
+    # llama.cpp is compared on free text only; transformers' prompt lookup runs logits processors
+    # on draft positions, which a grammar that follows the text cannot undo.
+    others = [method.name for method in chosen if method.llama_cpp or method.prompt_lookup]
+    if structured and others:
         raise UserError(
-            f"{prompts_file}: prompts with a schema run on tr and transformers only; drop {', '.join(llama)}"
+            f"{prompts_file}: prompts with a schema run on generate, ar and tr only; drop {', '.join(others)}"
         )
     # Every method samples from one seeded stream (greedy decoding does not depend on it).
     seed = options.sampling.seed if options.sampling.seed is not None else 0

@@ -182,11 +182,11 @@ class ServedModel:
             prompt = self.completion_prompt(request)
         budget = self.budget(prompt, request.requested_tokens())
         read_calls = None
-        if isinstance(request, ChatCompletionRequest) and request.tool_setup() is not None:
-            tools, choice = request.tool_setup()
+        setup = request.tool_setup() if isinstance(request, ChatCompletionRequest) else None
+        if setup is not None and setup[1].offers:
+            tools = setup[0]
             grammar, param = self.tool_grammar(request), "tools"
-            if choice.offers:
-                read_calls = lambda text: self.tool_format.parse(text, tools)  # noqa: E731
+            read_calls = lambda text: self.tool_format.parse(text, tools)  # noqa: E731
         else:
             grammar, param = request.grammar(), "response_format"
         constraint = self.constraint(grammar, param)

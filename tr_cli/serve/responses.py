@@ -94,8 +94,8 @@ class Reply:
 
     def calls(self, finished: Finished) -> tuple[str | None, list[ToolCall], str]:
         """The reply's content, its tool calls and the finish reason ("tool_calls" when it calls)."""
-        if self.read_calls is None:
-            return finished.text, [], finished.finish_reason
+        if self.read_calls is None or finished.finish_reason != "stop":
+            return finished.text, [], finished.finish_reason  # a reply cut short is shown as written
         if self._read is None:  # once: each read names its calls afresh
             self._read = self.read_calls(finished.text)
         content, calls = self._read

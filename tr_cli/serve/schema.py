@@ -195,6 +195,14 @@ class GenerationRequest(BaseModel):
             raise ApiError(400, "logit_bias is not supported", param="logit_bias")
 
 
+def _object_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """A function's parameters: none is an empty argument object; a schema that names no type is
+    one of an object (arguments are always an object)."""
+    if parameters is None:
+        return dict(NO_PARAMETERS)
+    return parameters if "type" in parameters else {"type": "object", **parameters}
+
+
 class ChatCompletionRequest(GenerationRequest):
     messages: Annotated[list[Message], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -239,7 +247,7 @@ class ChatCompletionRequest(GenerationRequest):
             Tool(
                 t.function.name,
                 t.function.description or "",
-                t.function.parameters if t.function.parameters is not None else dict(NO_PARAMETERS),
+                _object_schema(t.function.parameters),
                 bool(t.function.strict),
             )
             for t in self.tools

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..core import StopCondition, TokenRecyclingDecoder
-from ..core.constraint import TokenConstraint
+from ..core.constraint import ConstraintError, TokenConstraint
 from ..core.errors import PrefillStopped
 from ..core.events import GenerationResult, GenerationStats, track
 from ..core.sampling_config import SamplingConfig
@@ -312,6 +312,13 @@ class DecodeWorker:
             self.decoder.set_logprobs(job.logprobs)
             self.decoder.set_constraint(job.constraint)
             finish = self._decode(job, reused, queue_seconds)
+        except ConstraintError as exc:  # the grammar engine gave up (its limits): the schema's doing
+            log.warning("the grammar stopped the decode: %s", exc)
+            self.decoder.reset()  # stopped inside a step: its state is unknown
+            finish = Failed(ApiError(400, f"the reply's grammar could not go on: {exc}; simplify the schema"))
+            self._outcome("failed")
+            job.emit(finish)
+            return
         except Exception as exc:  # noqa: BLE001 - one bad request must not take the server down
             log.exception("decoding failed")
             self.decoder.reset()  # its state is unknown now

@@ -147,6 +147,7 @@ class GrammarConstraint(TokenConstraint):
         self._fresh = False
         if not self._matcher.rollback(count):
             self._check()
+            raise ConstraintError(f"{self.grammar.description}: could not undo {count} tokens")
 
     def forced(self) -> list[int]:
         return list(self._matcher.compute_ff_tokens())
@@ -173,10 +174,14 @@ def _first_line(message: str) -> str:
     return message.strip().splitlines()[0] if message.strip() else "the grammar engine gave no reason"
 
 
+SCALAR_TYPES = frozenset({"null", "boolean", "integer", "number", "string"})
+
+
 def _check_recursion(schema: dict, name: str) -> None:
     """GrammarError when a `$ref` recurses with no way to end: every instance would be infinite
     (a ref to itself through required properties, or refs that only point at each other). A
-    recursive schema with an exit (optional children, empty arrays allowed) is fine."""
+    recursive schema with an exit (optional children, empty arrays allowed, a type that may be
+    null) is fine. Malformed parts are skipped here: llguidance names them."""
 
     def resolve(pointer: str) -> Any:
         if not pointer.startswith("#"):
@@ -194,10 +199,19 @@ def _check_recursion(schema: dict, name: str) -> None:
 
     budget = [10_000]  # nodes visited; a schema built to blow the walk up is left to llguidance's limits
 
+    def listed(node: dict, key: str) -> list:
+        value = node.get(key)
+        return value if isinstance(value, list) else []
+
     def finite(node: Any, open_refs: frozenset[str]) -> bool:
         """Whether `node` has an instance of finite size, not going through `open_refs` again."""
         budget[0] -= 1
         if not isinstance(node, dict) or budget[0] < 0:
+            return True
+        types = node.get("type")
+        if "enum" in node or "const" in node or (isinstance(types, str) and types in SCALAR_TYPES):
+            return True
+        if isinstance(types, list) and SCALAR_TYPES.intersection(t for t in types if isinstance(t, str)):
             return True
         ref = node.get("$ref")
         if isinstance(ref, str):
@@ -206,23 +220,28 @@ def _check_recursion(schema: dict, name: str) -> None:
             target = resolve(ref)
             if target is not None and not finite(target, open_refs | {ref}):
                 return False
-        if "allOf" in node and not all(finite(part, open_refs) for part in node["allOf"]):
+        if not all(finite(part, open_refs) for part in listed(node, "allOf")):
             return False
         for key in ("anyOf", "oneOf"):
-            if key in node and node[key] and not any(finite(part, open_refs) for part in node[key]):
+            options = listed(node, key)
+            if options and not any(finite(part, open_refs) for part in options):
                 return False
         properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
-        for required in node.get("required", []) if isinstance(node.get("required"), list) else []:
-            if required in properties and not finite(properties[required], open_refs):
+        for required in listed(node, "required"):
+            if isinstance(required, str) and required in properties and not finite(properties[required], open_refs):
                 return False
         min_items = node.get("minItems", 0)
         if isinstance(min_items, int) and min_items > 0:
-            prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
+            prefix = listed(node, "prefixItems")
             if any(not finite(item, open_refs) for item in prefix[:min_items]):
                 return False
             if min_items > len(prefix) and not finite(node.get("items"), open_refs):
                 return False
         return True
 
-    if not finite(schema, frozenset()):
+    try:
+        ends = finite(schema, frozenset())
+    except RecursionError:
+        raise GrammarError(f"{name}: its $ref chains nest too deeply") from None
+    if not ends:
         raise GrammarError(f"{name}: it recurses through $ref with no way to end (no finite JSON matches it)")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +100,50 @@ def _arguments_value(text: str) -> Any:
         return text
 
 
+def _embedded(schema: dict, tag: str, defs: dict) -> dict:
+    """A tool's parameter schema as it can sit inside a wrapper schema: its local `$ref`s would
+    point at the wrapper's root there, so a schema that has them moves into the wrapper's `$defs`
+    (itself under `tag`, its own definitions under `tag.NAME`) and is referred to."""
+    if '"$ref"' not in json.dumps(schema):
+        return schema
+
+    def moved(ref: str) -> str:
+        pointer = ref[1:]
+        for key in ("/$defs/", "/definitions/"):
+            if pointer.startswith(key):
+                name, slash, rest = pointer[len(key) :].partition("/")
+                return f"#/$defs/{tag}.{name}{slash}{rest}"
+        return f"#/$defs/{tag}{pointer}"
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {key: rewrite(value) for key, value in node.items()}
+        if isinstance(node.get("$ref"), str) and node["$ref"].startswith("#"):
+            out["$ref"] = moved(node["$ref"])
+        return out
+
+    for key in ("$defs", "definitions"):
+        if isinstance(schema.get(key), dict):
+            for name, definition in schema[key].items():
+                defs[f"{tag}.{name}"] = rewrite(definition)
+    defs[tag] = rewrite({key: value for key, value in schema.items() if key not in ("$defs", "definitions")})
+    return {"$ref": f"#/$defs/{tag}"}
+
+
+def _calls_schema(tools: list[Tool], call: Callable[[str, dict], dict], extra: list[dict]) -> dict:
+    """anyOf the calls `call(name, parameters)` builds for `tools` (and the `extra` options), each
+    tool's parameters embedded with their definitions."""
+    defs: dict = {}
+    options = [call(tool.name, _embedded(tool.parameters, f"tool{i}", defs)) for i, tool in enumerate(tools)]
+    schema: dict = {"anyOf": options + extra}
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
 def _with_layout(schema: dict, strict: bool) -> dict:
     """A schema for a grammar's %json rule, with tr's JSON layout (grammar.JSON_LAYOUT)."""
     return {**schema, "x-guidance": {**JSON_LAYOUT, "lenient": not strict}}
@@ -120,6 +165,17 @@ class ToolFormat:
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         """The reply's content (None when it is only calls) and its calls."""
         raise NotImplementedError
+
+
+def _only(key: str, value: dict) -> dict:
+    """An object with one required property."""
+    return {"type": "object", "properties": {key: value}, "required": [key], "additionalProperties": False}
+
+
+def _call(name: str, field: str, parameters: dict) -> dict:
+    """A call object: the function's name (a constant) and its arguments under `field`."""
+    properties = {"name": {"const": name}, field: parameters}
+    return {"type": "object", "properties": properties, "required": ["name", field], "additionalProperties": False}
 
 
 def _call_names(messages: list[Message]) -> dict[str, str]:
@@ -179,25 +235,15 @@ class GenericFormat(ToolFormat):
     def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
         if not choice.offers:
             return None
-        options = []
-        for tool in choice.callable(tools):
-            call = {
-                "type": "object",
-                "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            wrapped = {"tool_call": call}
-            options.append(
-                {"type": "object", "properties": wrapped, "required": ["tool_call"], "additionalProperties": False}
-            )
+        extra = []
         if not choice.forces_call:
-            response = {"response": {"type": "string"}}
-            options.append(
-                {"type": "object", "properties": response, "required": ["response"], "additionalProperties": False}
-            )
-        strict = all(tool.strict for tool in tools)
-        return Grammar.json_schema({"anyOf": options}, strict=strict, name="tools")
+            extra.append(_only("response", {"type": "string"}))
+        schema = _calls_schema(
+            choice.callable(tools),
+            lambda name, parameters: _only("tool_call", _call(name, "arguments", parameters)),
+            extra,
+        )
+        return Grammar.json_schema(schema, strict=all(tool.strict for tool in tools), name="tools")
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         try:
@@ -251,16 +297,10 @@ class HermesFormat(ToolFormat):
     def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
         if not choice.forces_call:
             return None  # "auto": the model writes text or calls; calls are read out of it
-        options = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": tool.name}, "arguments": tool.parameters},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for tool in choice.callable(tools)
-        ]
-        schema = _with_layout({"anyOf": options}, all(tool.strict for tool in tools))
+        schema = _calls_schema(
+            choice.callable(tools), lambda name, parameters: _call(name, "arguments", parameters), []
+        )
+        schema = _with_layout(schema, all(tool.strict for tool in tools))
         lark = f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(schema)}'
         return Grammar.lark(lark, "tools")
 
@@ -290,16 +330,10 @@ class Llama3Format(ToolFormat):
     def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
         if not choice.forces_call:
             return None
-        options = [
-            {
-                "type": "object",
-                "properties": {"name": {"const": tool.name}, "parameters": tool.parameters},
-                "required": ["name", "parameters"],
-                "additionalProperties": False,
-            }
-            for tool in choice.callable(tools)
-        ]
-        return Grammar.json_schema({"anyOf": options}, strict=all(tool.strict for tool in tools), name="tools")
+        schema = _calls_schema(
+            choice.callable(tools), lambda name, parameters: _call(name, "parameters", parameters), []
+        )
+        return Grammar.json_schema(schema, strict=all(tool.strict for tool in tools), name="tools")
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         stripped = text.strip()

@@ -113,3 +113,20 @@ def test_forced_tokens_spell_what_the_grammar_leaves_no_choice_about(compiler):
     for token in forced:
         constraint.advance(token)
     assert '{"name": "'.startswith(tiny_tokenizer().decode(forced))
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"allOf": 5}, {"anyOf": None}, {"type": "object", "properties": {}, "required": [[1]]}],
+)
+def test_malformed_schemas_are_refused_as_such_never_with_a_crash(compiler, schema):
+    with pytest.raises(GrammarError):
+        compiler.check(Grammar.json_schema(schema))
+
+
+def test_recursion_through_a_type_that_may_be_null_is_fine_and_deep_chains_are_refused(compiler):
+    linked = {"type": ["object", "null"], "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+    compiler.check(Grammar.json_schema(linked))
+    chain = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(1500)} | {"d1500": {"type": "integer"}}
+    with pytest.raises(GrammarError, match="nest too deeply"):
+        Grammar.json_schema({"$defs": chain, "$ref": "#/$defs/d0"})

@@ -153,3 +153,27 @@ def test_tool_schemas_are_checked_one_by_one():
         compiler.check(grammars[1])
     with pytest.raises(GrammarError, match="names two tools"):
         parameter_grammars([WEATHER, WEATHER])
+
+
+def test_parameters_with_their_own_definitions_keep_them_inside_the_wrapper(compiler):
+    """Pydantic writes nested models as $defs with local $refs (and a tree refers to itself):
+    embedded in the call grammar they must still resolve."""
+    place = {
+        "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+        "type": "object",
+        "properties": {"at": {"$ref": "#/$defs/Point"}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+        "required": ["at", "next"],
+        "additionalProperties": False,
+    }
+    tools = [Tool("move", "", place, strict=True), WEATHER]
+    for fmt, text in (
+        (
+            GenericFormat(),
+            '{"tool_call": {"name": "move", "arguments": {"at": {"x": 1}, "next": {"at": {"x": 2}, "next": null}}}}',
+        ),
+        (HermesFormat(), '<tool_call>\n{"name": "move", "arguments": {"at": {"x": 1}, "next": null}}\n</tool_call>'),
+        (Llama3Format(), '{"name": "move", "parameters": {"at": {"x": 1}, "next": null}}'),
+    ):
+        grammar = fmt.grammar(tools, ToolChoice("required"))
+        assert follows(compiler, grammar, text), fmt.name
+        assert not follows(compiler, grammar, text.replace('{"x": 1}', '{"y": 1}')), fmt.name
