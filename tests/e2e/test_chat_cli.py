@@ -63,7 +63,9 @@ def tiny(tiny_llama_dir):
     ],
 )
 def test_piped_reply_is_the_greedy_output(smollm2_fp32, smollm2_checkpoint, tmp_path, prompt, budget):
-    out = run_piped([str(smollm2_checkpoint), "--dtype", "float32", "-n", str(budget)], prompt + "\n", tmp_path)
+    # --tree paper: the reply is generate's whatever the tree; a designed one would measure t(N) first.
+    args = [str(smollm2_checkpoint), "--dtype", "float32", "--tree", "paper", "-n", str(budget)]
+    out = run_piped(args, prompt + "\n", tmp_path)
     assert out.returncode == 0, out.stderr
     ids = encode_prompt(smollm2_fp32.tokenizer, prompt)
     with torch.inference_mode():

@@ -256,7 +256,10 @@ def test_printed_reply_keeps_a_character_cut_by_the_token_budget(smollm2_fp32, s
     from tr_cli.text.conversation import encode_prompt
 
     prompt = "Reply with three emoji: 🔥🚀🌊"
-    out = run("generate", str(smollm2_checkpoint), "--dtype", "float32", "-n", str(max_new), "-p", prompt)
+    # --tree paper: what is printed does not depend on the tree; a designed one measures t(N) first.
+    out = run(
+        "generate", str(smollm2_checkpoint), "--dtype", "float32", "--tree", "paper", "-n", str(max_new), "-p", prompt
+    )
     assert out.returncode == 0, out.stderr
     ids = encode_prompt(smollm2_fp32.tokenizer, prompt)
     with torch.no_grad():
@@ -290,15 +293,20 @@ def test_sigterm_and_sighup_save_what_was_learned(sig, tiny_llama_dir, home):
     assert load_file(saved.group(1))  # a whole, valid file
 
 
-def test_a_prompt_past_the_context_is_refused_before_any_forward_and_the_budget_clamped(tiny_llama_dir, home):
+def test_a_prompt_past_the_context_is_refused_before_any_forward_and_the_budget_clamped(
+    tiny_llama_dir, small_context_model, home
+):
     """The tiny Llama holds 2,048 positions: a longer prompt is one line at once (it used to run
-    and print garbage); a budget past what is left is clamped with a notice."""
-    model = [str(tiny_llama_dir), "--dtype", "float32", "--tree", "paper", "--no-save"]
-    out = run("generate", *model, "-p", "river " * 3000, env={"TR_HOME": str(home)})
+    and print garbage); a budget past what is left is clamped with a notice (on a copy holding 128
+    positions, so that the clamped reply is short)."""
+    options = ["--dtype", "float32", "--tree", "paper", "--no-save"]
+    out = run("generate", str(tiny_llama_dir), *options, "-p", "river " * 3000, env={"TR_HOME": str(home)})
     assert out.returncode == 1, out.stderr
     assert "the model's context holds 2,048" in out.stderr and "Traceback" not in out.stderr
     assert not out.stdout.strip()
-    out = run("generate", *model, "-n", "5000", "-p", "Hello", env={"TR_HOME": str(home)})
+    out = run(
+        "generate", str(small_context_model(128)), *options, "-n", "5000", "-p", "Hello", env={"TR_HOME": str(home)}
+    )
     assert out.returncode == 0, out.stderr
     assert "--max-new-tokens 5000 clamped to" in out.stderr
 

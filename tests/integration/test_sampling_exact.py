@@ -166,7 +166,7 @@ def test_token_recycling_samples_the_exact_joint_distribution(model, name, confi
 WRONG_WALK_RANDOM = torch.Generator().manual_seed(7)
 
 
-def unnormalized_walk(tree_tokens, logits, buffers, config, context_ids, uniform) -> Acceptance:
+def unnormalized_walk(tree_tokens, logits, buffers, config, context_ids, uniform, constraint=None) -> Acceptance:
     """A wrong walk: accepts child x with p(x) rather than p(x) renormalized over what is left
     (one uniform per child tried, from its own generator)."""
     generator = WRONG_WALK_RANDOM
