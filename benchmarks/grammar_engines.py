@@ -16,6 +16,7 @@ import ctypes
 import json
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 from tr_cli.core.matrix import output_vocab_size  # noqa: F401 - torch first, as tr loads it
@@ -109,7 +110,7 @@ def main() -> None:
 
     print("\nper token, over instances of the 20 extraction schemas:")
     for engine, handle in engines.items():
-        mask, consume, ahead = [], [], []
+        timings: dict[str, list[float]] = {"mask": [], "forced/jump-forward": [], "consume": []}
         for record in records:
             text = json.dumps(instance(record["schema"]), separators=(", ", ": "))
             ids = tokenizer.encode(text, add_special_tokens=False)
@@ -118,38 +119,33 @@ def main() -> None:
                 matcher = llguidance.LLMatcher(handle, grammar, log_level=0)
                 bits = bytearray(((vocab + 31) // 32) * 4)
                 pointer = ctypes.addressof(ctypes.c_char.from_buffer(bits))
-                for token in ids:
-                    t0 = time.perf_counter()
-                    matcher.unsafe_compute_mask_ptr(pointer, len(bits))
-                    t1 = time.perf_counter()
-                    matcher.compute_ff_tokens()
-                    t2 = time.perf_counter()
-                    ok = matcher.consume_token(token)
-                    t3 = time.perf_counter()
-                    if not ok:
-                        break
-                    mask.append(t1 - t0)
-                    ahead.append(t2 - t1)
-                    consume.append(t3 - t2)
+                steps = (partial(matcher.unsafe_compute_mask_ptr, pointer, len(bits)), matcher.compute_ff_tokens)
+                time_tokens(ids, *steps, matcher.consume_token, timings)
             else:
                 compiled = handle.compile_json_schema(json.dumps(record["schema"]), any_whitespace=False)
                 matcher = xgrammar.GrammarMatcher(compiled)
                 bitmask = xgrammar.allocate_token_bitmask(1, vocab)
-                for token in ids:
-                    t0 = time.perf_counter()
-                    matcher.fill_next_token_bitmask(bitmask)
-                    t1 = time.perf_counter()
-                    matcher.find_jump_forward_string()
-                    t2 = time.perf_counter()
-                    ok = matcher.accept_token(token)
-                    t3 = time.perf_counter()
-                    if not ok:
-                        break
-                    mask.append(t1 - t0)
-                    ahead.append(t2 - t1)
-                    consume.append(t3 - t2)
-        costs = f"mask {median_us(mask)}, consume {median_us(consume)}, forced/jump-forward {median_us(ahead)}"
-        print(f"{engine}: {costs} ({len(mask)} tokens)")
+                steps = (partial(matcher.fill_next_token_bitmask, bitmask), matcher.find_jump_forward_string)
+                time_tokens(ids, *steps, matcher.accept_token, timings)
+        costs = ", ".join(f"{name} {median_us(values)}" for name, values in timings.items())
+        print(f"{engine}: {costs} ({len(timings['mask'])} tokens)")
+
+
+def time_tokens(ids: list[int], mask, ahead, consume, timings: dict[str, list[float]]) -> None:
+    """Per token of `ids`: the time of a full mask, of the forced-token query and of consuming it."""
+    for token in ids:
+        t0 = time.perf_counter()
+        mask()
+        t1 = time.perf_counter()
+        ahead()
+        t2 = time.perf_counter()
+        ok = consume(token)
+        t3 = time.perf_counter()
+        if not ok:
+            return
+        timings["mask"].append(t1 - t0)
+        timings["forced/jump-forward"].append(t2 - t1)
+        timings["consume"].append(t3 - t2)
 
 
 if __name__ == "__main__":

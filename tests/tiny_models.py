@@ -100,10 +100,10 @@ def reference(model, ids: list[int], max_new_tokens: int, eos: int = EOS) -> lis
 
 
 def reference_with_logprobs(
-    model, ids: list[int], max_new_tokens: int, eos: int = EOS, logprobs: bool = True
+    model, ids: list[int], max_new_tokens: int, eos: int = EOS, logprobs: bool = True, processors: list | None = None
 ) -> tuple[list[int], torch.Tensor | None]:
     """generate's greedy tokens (EOS included) and, with `logprobs`, the log-softmax of its own
-    logits at each (new tokens, vocabulary)."""
+    logits at each (new tokens, vocabulary); `processors`: logits processors it applies."""
     prompt = torch.tensor([ids])
     out = model.generate(
         prompt,
@@ -114,6 +114,7 @@ def reference_with_logprobs(
         pad_token_id=0,
         output_logits=logprobs,
         return_dict_in_generate=True,
+        logits_processor=processors,
     )
     tokens = out.sequences[0, len(ids) :].tolist()
     return tokens, torch.log_softmax(torch.cat(out.logits).float(), dim=-1) if logprobs else None

@@ -19,7 +19,7 @@ from tr_cli.core.sampling_config import SamplingConfig
 from tr_cli.text.grammar import Grammar, GrammarCompiler
 from tr_cli.text.grammar_logits import GrammarLogitsProcessor
 
-from tiny_models import ARCHITECTURES, EOS, VOCAB, tiny_model, tiny_tokenizer
+from tiny_models import ARCHITECTURES, EOS, VOCAB, reference_with_logprobs, tiny_model, tiny_tokenizer
 
 PERSON = {
     "type": "object",
@@ -79,17 +79,7 @@ def reference(model, ids, constraint, sampling: SamplingConfig | None = None) ->
     if sampling is not None:
         processors += [TemperatureLogitsWarper(sampling.temperature), TopKLogitsWarper(sampling.top_k)]
         processors.append(UniformDraw(sampling.seed))
-    prompt = torch.tensor([ids])
-    out = model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=BUDGET,
-        do_sample=False,
-        eos_token_id=EOS,
-        pad_token_id=0,
-        logits_processor=processors,
-    )
-    return out[0, len(ids) :].tolist()
+    return reference_with_logprobs(model, ids, BUDGET, logprobs=False, processors=processors)[0]
 
 
 def designed_decoder(model, sampling=None) -> TokenRecyclingDecoder:
