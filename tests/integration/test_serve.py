@@ -970,17 +970,8 @@ def constrained_reference(engine, prompt_ids: list[int], grammar, max_new: int) 
     grammars = GrammarCompiler(loaded.tokenizer, engine.decoder.vocab_size, loaded.eos_token_ids)
     grammar = grammar if isinstance(grammar, Grammar) else Grammar.json_schema(grammar)
     processor = GrammarLogitsProcessor(grammars.constraint(grammar), len(prompt_ids))
-    prompt = torch.tensor([prompt_ids])
-    out = loaded.model.generate(
-        prompt,
-        attention_mask=torch.ones_like(prompt),
-        max_new_tokens=max_new,
-        do_sample=False,
-        eos_token_id=loaded.eos_token_ids[0],
-        pad_token_id=0,
-        logits_processor=[processor],
-    )
-    return out[0, len(prompt_ids) :].tolist()
+    eos = loaded.eos_token_ids[0]
+    return reference_with_logprobs(loaded.model, prompt_ids, max_new, eos, logprobs=False, processors=[processor])[0]
 
 
 def test_a_json_schema_reply_is_constrained_generates_streamed_or_not(engine, server):

@@ -16,7 +16,7 @@ from ..engine.options import DEFAULT_MAX_NEW_TOKENS
 from ..text.conversation import ConversationEncoder, TemplateError
 from ..text.grammar import Grammar, GrammarCompiler, GrammarConstraint, GrammarError
 from ..text.prompt_bound import fewest_tokens, longest_token_chars
-from ..text.tools import ToolChoice, ToolFormat, parameter_grammars, tool_format
+from ..text.tools import Tool, ToolChoice, ToolFormat, parameter_grammars, tool_format
 from .errors import ApiError
 from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .worker import Job
@@ -59,13 +59,9 @@ class ServedModel:
         except GrammarError as exc:
             raise ApiError(400, str(exc), param=param) from None
 
-    def tool_grammar(self, request: ChatCompletionRequest) -> Grammar | None:
+    def tool_grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
         """The grammar the reply follows for the tools offered (None: free text), each tool's
         parameter schema checked first so that an error names the tool."""
-        setup = request.tool_setup()
-        if setup is None:
-            return None
-        tools, choice = setup
         try:
             for grammar in parameter_grammars(tools):
                 self.grammars.check(grammar)
@@ -184,8 +180,8 @@ class ServedModel:
         read_calls = None
         setup = request.tool_setup() if isinstance(request, ChatCompletionRequest) else None
         if setup is not None and setup[1].offers:
-            tools = setup[0]
-            grammar, param = self.tool_grammar(request), "tools"
+            tools, choice = setup
+            grammar, param = self.tool_grammar(tools, choice), "tools"
             read_calls = lambda text: self.tool_format.parse(text, tools)  # noqa: E731
         else:
             grammar, param = request.grammar(), "response_format"

@@ -233,7 +233,7 @@ class ChatCompletionRequest(GenerationRequest):
         if offered is not None and offered[1].offers:
             if self.logprobs:
                 raise ApiError(400, "logprobs together with tools is not supported", param="logprobs")
-            if self.grammar() is not None:
+            if self.response_format is not None and self.response_format.type != "text":
                 raise ApiError(400, "response_format together with tools is not supported", param="response_format")
 
     def tool_setup(self) -> tuple[list[Tool], ToolChoice] | None:

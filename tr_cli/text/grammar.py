@@ -96,8 +96,8 @@ class GrammarCompiler:
             raise GrammarError(f"{grammar.description}: {_first_line(messages[0])}")
 
     def constraint(self, grammar: Grammar) -> GrammarConstraint:
-        """A fresh constraint in the grammar's initial state; GrammarError when it cannot be built."""
-        self.check(grammar)
+        """A fresh constraint in the grammar's initial state; GrammarError (the same message `check`
+        gives) when it cannot be built."""
         return GrammarConstraint(self._tokenizer, grammar, self.vocab_size)
 
 

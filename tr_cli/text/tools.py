@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -149,22 +150,23 @@ def _with_layout(schema: dict, strict: bool) -> dict:
     return {**schema, "x-guidance": {**JSON_LAYOUT, "lenient": not strict}}
 
 
-class ToolFormat:
+class ToolFormat(ABC):
     """How one family of chat templates speaks tools."""
 
     name = "generic"
     native = False  # the template renders the tools itself
 
+    @abstractmethod
     def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
         """The conversation as the template gets it (tools described, calls and results written)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
-        raise NotImplementedError
+        """What the reply is held to (None: free text, calls read out of it)."""
 
+    @abstractmethod
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         """The reply's content (None when it is only calls) and its calls."""
-        raise NotImplementedError
 
 
 def _only(key: str, value: dict) -> dict:
