@@ -99,14 +99,16 @@ class LlamaCpp:
         tokens: list[int] = []
         self.llm.reset()  # no prefix reuse: every method prefills the whole turn
         start = time.perf_counter()
+        first = None
         if max_new_tokens > 0:
             for token in self.llm.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0):
+                first = first if first is not None else time.perf_counter() - start
                 tokens.append(int(token))
                 if token in self.eos or len(tokens) >= max_new_tokens:
                     break
         seconds = time.perf_counter() - start
         steps = max(len(tokens) - 1, 0)
-        return Run(tokens, seconds, steps, tokens_per_step=Counter({1: steps}))  # one token per eval
+        return Run(tokens, seconds, steps, tokens_per_step=Counter({1: steps}), first_token_seconds=first)
 
 
 class LlamaServer:
@@ -171,7 +173,10 @@ class LlamaServer:
         # A verification forward emits its accepted drafts plus one token: the forwards after the
         # prefill's token are the tokens not accepted from drafts.
         accepted = int(timings.get("draft_n_accepted", 0) or 0)
-        return Run(tokens, seconds, max(len(tokens) - 1 - accepted, 0))
+        # Its own clock of the decoding after the first token; the rest (prefill, HTTP) comes first.
+        decoding = timings.get("predicted_ms")
+        first = None if decoding is None else max(seconds - float(decoding) / 1000, 0.0)
+        return Run(tokens, seconds, max(len(tokens) - 1 - accepted, 0), first_token_seconds=first)
 
     def close(self) -> None:
         if self.process.poll() is None:

@@ -66,6 +66,24 @@ class _ForwardCounter:
         self._handle.remove()
 
 
+class _FirstToken:
+    """A `generate` streamer (transformers' public hook) that notes when the first new token
+    arrives: generate hands it the prompt first, then each new token."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.seconds: float | None = None
+        self._puts = 0
+
+    def put(self, value) -> None:
+        self._puts += 1
+        if self._puts == 2:
+            self.seconds = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        pass
+
+
 class HFGenerate:
     """transformers `generate`, greedy or sampling; with `prompt_lookup` it is HF prompt lookup
     decoding. Sampling draws from torch's global generator (seeded once by the bench)."""
@@ -96,6 +114,7 @@ class HFGenerate:
         counter = _ForwardCounter(self.model)
         try:
             start = time.perf_counter()
+            first = _FirstToken(start)
             out = self.model.generate(
                 prompt,
                 attention_mask=torch.ones_like(prompt),
@@ -104,6 +123,7 @@ class HFGenerate:
                 pad_token_id=self.eos[0] if self.eos else 0,
                 **self.sampling.generate_kwargs(),
                 **extra,
+                streamer=first,
             )
             seconds = time.perf_counter() - start
         finally:
@@ -111,7 +131,8 @@ class HFGenerate:
         tokens = out[0, len(ids) :].tolist()
         steps = max(counter.calls - 1, 0)
         # Plain generate emits one token per forward; prompt lookup does not say how many.
-        return Run(tokens, seconds, steps, tokens_per_step=None if self.prompt_lookup else Counter({1: steps}))
+        per_step = None if self.prompt_lookup else Counter({1: steps})
+        return Run(tokens, seconds, steps, tokens_per_step=per_step, first_token_seconds=first.seconds)
 
 
 class TokenRecycling:
@@ -135,7 +156,8 @@ class TokenRecycling:
         stats = result.stats
         per_step = Counter(len(event.new_tokens) for event in result.events if event.step > 0)
         drafted = sum((Counter(event.accepted_by_source) for event in result.events), Counter())
-        return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings, per_step, drafted)
+        first = stats.first_token_seconds
+        return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings, per_step, drafted, first)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,15 @@ def _rate(items: list[Measured]) -> float:
     return tokens_per_second(sum(m.new_tokens for m in items), sum(m.seconds for m in items))
 
 
+def _decode_rate(items: list[Measured]) -> float | None:
+    """Tokens per second after each turn's first token: the decoding alone, without the prefill
+    that every method pays alike (None where a method does not say when its first token came)."""
+    if not items or any(m.first_token_seconds is None for m in items):
+        return None
+    seconds = sum(m.seconds - m.first_token_seconds for m in items)
+    return tokens_per_second(sum(m.step_tokens for m in items), seconds)
+
+
 def _mat(items: list[Measured]) -> float:
     return mean_accepted_tokens(sum(m.step_tokens for m in items), sum(m.steps for m in items))
 
@@ -67,9 +76,13 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
         base = _rate([r.methods["baseline"] for r in subset]) if has_baseline else 0.0
         ar_name = counterpart(name, "ar")  # speculation's own gain: one token per step, same weights
         ar = _rate([r.methods[ar_name] for r in subset]) if ar_name in methods else 0.0
+        decode = _decode_rate(items)
+        decode_base = _decode_rate([r.methods["baseline"] for r in subset]) if has_baseline else None
         return {
             "tokens_per_second": rate,
             "speedup": rate / base if base else None,
+            "decode_tokens_per_second": decode,
+            "decode_speedup": decode / decode_base if decode and decode_base else None,
             "mean_accepted_tokens": _mat(items),
             "speedup_vs_ar": rate / ar if ar else None,
             "items": items,
@@ -83,6 +96,9 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
         report_methods[name] = {
             "tokens_per_second": b["tokens_per_second"],
             "speedup": b["speedup"],
+            # After the first token (the prefill excluded): the part drafting can speed up.
+            "decode_tokens_per_second": b["decode_tokens_per_second"],
+            "decode_speedup": b["decode_speedup"],
             "mean_accepted_tokens": b["mean_accepted_tokens"],
             "new_tokens": sum(m.new_tokens for m in b["items"]),
             "wall_seconds": sum(m.seconds for m in b["items"]),

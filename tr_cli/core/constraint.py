@@ -19,9 +19,11 @@ The grammar engine itself lives outside the core (text/grammar.py); the core see
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 
+from .token_text import TokenText
 from .tree import TreeSpec
 
 
@@ -29,8 +31,21 @@ class ConstraintError(RuntimeError):
     """The grammar refused a token it should have allowed, or has no allowed token left."""
 
 
+class Turns(NamedTuple):
+    """Where nothing is forced, the tokens after which the grammar forces a run again."""
+
+    tokens: list[int]
+    # True: they close a value that may also go on (a quote ending a string, a comma after a
+    # number); False: they are the choices themselves (`true` or `false`, an enum's values).
+    closing: bool
+
+
 class TokenConstraint(ABC):
     """A grammar's state over the tokens emitted so far, with undo for exploring a draft tree."""
+
+    # The tokens' bytes under the grammar's tokenizer, for drafting from text (structured replies
+    # copy their input in other tokens); None: drafted from tokens only.
+    token_text: TokenText | None = None
 
     @abstractmethod
     def allows(self, token: int) -> bool:
@@ -51,7 +66,16 @@ class TokenConstraint(ABC):
     @abstractmethod
     def forced(self) -> list[int]:
         """Tokens the grammar leaves no choice but to write next (a key, a quote, a brace): a draft
-        that costs no model work to propose. Empty when the next token is open."""
+        that costs no model work to propose. Where the forced text goes on but a longer token could
+        still take its end (`": "` then ` "` or ` ""`), that end follows in the tokenizer's own
+        split: likely, not certain (see `certain`). Empty when the next token is open."""
+
+    @abstractmethod
+    def turns(self, limit: int) -> Turns:
+        """Where nothing is forced: at most `limit` tokens after which the grammar forces a run
+        again or may end, as draft branches — the words of a choice (`true`/`false`, an enum's
+        values: the longest first token of each), or the tokens that close the open value (a
+        closing quote, a comma after a number)."""
 
     @abstractmethod
     def certain(self, tokens: list[int]) -> int:

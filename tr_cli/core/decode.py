@@ -22,11 +22,13 @@ from .bounded_cache import BoundedCache
 from .constraint import TokenConstraint, allowed_nodes, masked_argmax
 from .design.acceptance_stats import AcceptanceStats
 from .design.cost_model import CALIBRATION_SIZES, CostModel, calibrate
+from .design.source_stats import SourceStats
 from .drafters.base import Drafter, Placement, Verification
-from .drafters.grammar_chain import GrammarChainDrafter
+from .drafters.grammar_chain import GrammarChainDrafter, GrammarRecord
 from .drafters.matrix_tree import MatrixTreeDrafter
 from .drafters.merge import DraftMerger, TreeMerge
 from .drafters.planner import DraftPlanner
+from .drafters.text_lookup import TEXT_PRIOR, TextLookupDrafter
 from .errors import PrefillStopped
 from .events import GenerationResult, GenerationStats, StepEvent, StepTimings, track
 from .forward import make_forward
@@ -114,6 +116,9 @@ class TokenRecyclingDecoder:
         initial = PRESETS["none"] if tree is None and cost is not None else tree
         self.matrix_tree = MatrixTreeDrafter(self.matrix, initial, acceptance, seed_from_prompt)
         self.drafters: list[Drafter] = [self.matrix_tree, *drafters]
+        # How the grammar's drafts and text lookup fared, across constrained replies.
+        self._grammar_record = GrammarRecord()
+        self._text_stats = SourceStats(TEXT_PRIOR)
         self.merge: TreeMerge = DraftMerger(self.device)  # a DraftPlanner once a cost model is in use
         dtype = next(model.parameters()).dtype
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
@@ -171,10 +176,14 @@ class TokenRecyclingDecoder:
         unconstrained. While set, drafts the grammar forbids are cut before the forward
         (core/constraint.py), and a decoder that drafts drafts the tokens the grammar forces too
         (a chain under the root); one that does not (`ar`) stays one token per forward."""
-        self.drafters = [d for d in self.drafters if not isinstance(d, GrammarChainDrafter)]
+        self.drafters = [d for d in self.drafters if not isinstance(d, GrammarChainDrafter | TextLookupDrafter)]
         self.constraint = constraint
         if constraint is not None and self.max_depth > 0:
-            self.drafters.append(GrammarChainDrafter(constraint, self.device))
+            self.drafters.append(GrammarChainDrafter(constraint, self.device, record=self._grammar_record))
+            if constraint.token_text is not None:
+                text = TextLookupDrafter(constraint.token_text, device=self.device, stats=self._text_stats)
+                text.extend(self.tokens)  # the conversation so far (a cached prefix is not fed again)
+                self.drafters.append(text)
 
     def _logprobs(self, logits: torch.Tensor, rows: list[int], tokens: list[int]) -> list[TokenLogprob] | None:
         return None if self.logprob_top is None else token_logprobs(logits, rows, tokens, self.logprob_top)

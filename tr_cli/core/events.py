@@ -90,6 +90,7 @@ class GenerationStats:
     steps: int = 0  # verification forwards (the prefill not counted)
     step_tokens: int = 0  # tokens emitted by those steps (accepted drafts + bonus)
     prefill_seconds: float = 0.0
+    first_token_seconds: float = 0.0  # wall time until the first new token (the prefill's)
     wall_seconds: float = 0.0
     step_timings: StepTimings = field(default_factory=StepTimings)  # summed over the steps
     finish_reason: str | None = None
@@ -134,6 +135,8 @@ def track(events: Iterable[StepEvent], result: GenerationResult, keep_events: bo
             result.tokens.extend(event.new_tokens)
             result.stats.add(event)
             result.stats.wall_seconds = time.perf_counter() - start
+            if event.step == 0:
+                result.stats.first_token_seconds = result.stats.wall_seconds
             if keep_events:
                 result.events.append(event)
             yield event

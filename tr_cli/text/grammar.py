@@ -17,12 +17,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..core.constraint import ConstraintError, TokenConstraint
+from ..core.constraint import ConstraintError, TokenConstraint, Turns
+from ..core.token_text import TokenText
+
+CLOSING = b'",}]'  # the bytes a token that closes a JSON value may start with
+FEW_ALLOWED = 24  # a state allowing at most this many tokens is a choice among words (true/false, an enum)
 
 MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text; OpenAI's own limits are of the same order
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -98,18 +103,64 @@ class GrammarCompiler:
     def constraint(self, grammar: Grammar) -> GrammarConstraint:
         """A fresh constraint in the grammar's initial state; GrammarError (the same message `check`
         gives) when it cannot be built."""
-        return GrammarConstraint(self._tokenizer, grammar, self.vocab_size)
+        return GrammarConstraint(self._tokenizer, grammar, self.vocab_size, self.closers, self.token_text)
+
+    @cached_property
+    def token_text(self) -> GrammarTokenText:
+        return GrammarTokenText(self._tokenizer)
+
+    @cached_property
+    def closers(self) -> tuple[int, ...]:
+        """Tokens that may close a JSON value: made of closing quotes, brackets, braces and commas
+        (spaces between), starting with one (`",`, `"}`, `],`, `,`). Inside a string the ones not
+        starting with a quote are text; GrammarConstraint.turns tells them apart."""
+        out = []
+        for token in range(min(self.vocab_size, self._tokenizer.vocab_size)):
+            if self._tokenizer.is_special_token(token):
+                continue
+            text = self._tokenizer.decode_bytes([token])
+            if text[:1] in CLOSING and not text.strip(CLOSING + b" "):
+                out.append(token)
+        return tuple(out)
+
+
+class GrammarTokenText(TokenText):
+    """The model's tokens as the grammar engine reads them: the same bytes the grammar matches,
+    and the tokenizer's own split (llguidance calls the model's fast tokenizer)."""
+
+    def __init__(self, tokenizer: object) -> None:
+        self._tokenizer = tokenizer
+        self._pieces: dict[int, bytes] = {}
+
+    def piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._tokenizer.decode_bytes([token])
+        return piece
+
+    def encode(self, text: bytes) -> list[int]:
+        return list(self._tokenizer.tokenize_bytes(text))
 
 
 class GrammarConstraint(TokenConstraint):
     """One reply's grammar state (an llguidance matcher). The mask of the current state is
     computed once, on first use after each move, into a buffer of one bit per token."""
 
-    def __init__(self, tokenizer: object, grammar: Grammar, vocab_size: int) -> None:
+    def __init__(
+        self,
+        tokenizer: object,
+        grammar: Grammar,
+        vocab_size: int,
+        closers: tuple[int, ...] = (),
+        token_text: GrammarTokenText | None = None,
+    ) -> None:
         import llguidance
 
         self.grammar = grammar
         self.vocab_size = vocab_size
+        self.closers = closers
+        self.token_text = token_text or GrammarTokenText(tokenizer)
+        self._tokenizer = tokenizer
         self._matcher = llguidance.LLMatcher(tokenizer, grammar.source, log_level=0)
         if self._matcher.is_error():
             raise GrammarError(f"{grammar.description}: {_first_line(self._matcher.get_error())}")
@@ -150,7 +201,44 @@ class GrammarConstraint(TokenConstraint):
             raise ConstraintError(f"{self.grammar.description}: could not undo {count} tokens")
 
     def forced(self) -> list[int]:
-        return list(self._matcher.compute_ff_tokens())
+        tokens = list(self._matcher.compute_ff_tokens())
+        # The forced bytes can run past the forced tokens where a longer token could still take
+        # them (`": "` forces `":` while ` "` may yet be ` ""`): drafted in the tokenizer's own
+        # split, which the model nearly always writes. They are not certain (GrammarConstraint.certain).
+        forced_bytes = self._matcher.compute_ff_bytes()
+        covered = b"".join(self.token_text.piece(token) for token in tokens)
+        if len(forced_bytes) > len(covered) and forced_bytes.startswith(covered):
+            drafted = tokens + self.token_text.encode(forced_bytes[len(covered) :])
+            tokens = drafted[: self._matcher.validate_tokens(drafted)]
+        return tokens
+
+    def turns(self, limit: int) -> Turns:
+        allowed = np.unpackbits(self._mask_bits().view(np.uint8), bitorder="little")
+        few = int(allowed.sum()) <= FEW_ALLOWED
+        if few:
+            # `true` and `false` are allowed with all their prefixes (`t`, `tr`, ...); the model
+            # writes whole words, so the tokens no other allowed token extends are the choices.
+            # (A stop token ends the reply: nothing to draft after it.)
+            tokens = [t for t in np.flatnonzero(allowed).tolist() if not self._tokenizer.is_special_token(t)]
+            text = {token: self._tokenizer.decode_bytes([token]) for token in tokens}
+            candidates = [t for t in tokens if not any(o != t and text[o].startswith(text[t]) for o in tokens)]
+        else:
+            candidates = [token for token in self.closers if self.allows(token)]
+        out, open_value = [], not few
+        for token in candidates:
+            if len(out) == limit:
+                break
+            # A turn: the grammar forces a run after it or may end there (a digit inside a number
+            # or a comma inside a string is not one: nothing is forced after it).
+            if not self._matcher.consume_token(token):
+                break  # the mask allowed it: the matcher failed, and _check says how
+            if self._matcher.is_accepting() or self._matcher.compute_ff_tokens():
+                out.append(token)
+            else:
+                open_value = True
+            self._matcher.rollback(1)
+        self._check()  # the mask of this state is still the one in the buffer
+        return Turns(out, closing=open_value)
 
     def certain(self, tokens: list[int]) -> int:
         count = 0

@@ -21,12 +21,12 @@ runner = CliRunner()
 # --- arithmetic on hand-made runs ------------------------------------------------------------
 
 
-def fake_runner(outputs: dict[int, list[int]], seconds: float, steps_per_token: float):
-    """Answers by prompt length; a fixed time and step count per run."""
+def fake_runner(outputs: dict[int, list[int]], seconds: float, steps_per_token: float, first: float | None = None):
+    """Answers by prompt length; a fixed time, step count and time to the first token per run."""
 
     def run(ids, max_new_tokens, grammar):
         tokens = outputs[len(ids)][:max_new_tokens]
-        return Run(tokens, seconds, round((len(tokens) - 1) * steps_per_token))
+        return Run(tokens, seconds, round((len(tokens) - 1) * steps_per_token), first_token_seconds=first)
 
     return run
 
@@ -36,8 +36,8 @@ def test_metrics_identical_check_and_schema():
     outputs = {2: [1, 2, 3, 4, 5], 3: [6, 7, 8]}
     different = {2: [1, 2, 3, 4, 5], 3: [6, 7, 9]}  # differs on prompt b only
     runners = {
-        "baseline": fake_runner(outputs, 2.0, 1.0),
-        "tr": fake_runner(different, 1.0, 0.5),
+        "baseline": fake_runner(outputs, 2.0, 1.0, first=1.0),
+        "tr": fake_runner(different, 1.0, 0.5, first=0.75),
     }
     results = run_bench(
         runners, prompts, encode=lambda history, text: [0] * len(text), decode=str, max_new_tokens=10, warmup=0
@@ -47,6 +47,8 @@ def test_metrics_identical_check_and_schema():
     keys = {
         "tokens_per_second",
         "speedup",
+        "decode_tokens_per_second",
+        "decode_speedup",
         "mean_accepted_tokens",
         "new_tokens",
         "wall_seconds",
@@ -63,6 +65,9 @@ def test_metrics_identical_check_and_schema():
     assert base["new_tokens"] == 8 and base["wall_seconds"] == 4.0 and base["tokens_per_second"] == 2.0
     assert base["speedup"] == 1.0 and base["mean_accepted_tokens"] == 1.0
     assert tr["tokens_per_second"] == 4.0 and tr["speedup"] == 2.0
+    # After the first token: 6 step tokens in 2 x 1.0 s (baseline), in 2 x 0.25 s (tr).
+    assert base["decode_tokens_per_second"] == 3.0 and tr["decode_tokens_per_second"] == 12.0
+    assert tr["decode_speedup"] == 4.0
     assert tr["mean_accepted_tokens"] == pytest.approx((4 + 2) / (2 + 1))  # step tokens / steps
     assert base["identical_to_baseline"] == 2 and tr["identical_to_baseline"] == 1 and tr["prompts"] == 2
     assert tr["distribution_check"] is None  # greedy
@@ -79,7 +84,7 @@ def test_metrics_identical_check_and_schema():
     assert set(by_id["a"]["tr"]) == {"new_tokens", "wall_seconds", "mean_accepted_tokens", "identical_to_baseline"}
     json.loads(render(report, "json"))
     md = render(report, "md")
-    assert "| tr | 2.00× | 2.00× |" in md
+    assert "| tr | 2.00× | 2.00× |" in md and "| 2.00× | 4.00× |" in md  # speedup, then decode
     assert "tr,all,4.0000,2.0000" in render(report, "csv")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tr_cli.core.constraint import ConstraintError, TokenConstraint, allowed_nodes, masked_argmax
+from tr_cli.core.constraint import ConstraintError, TokenConstraint, Turns, allowed_nodes, masked_argmax
 from tr_cli.core.tree import EXTERNAL, TreeSpec
 
 
@@ -34,6 +34,9 @@ class SetConstraint(TokenConstraint):
 
     def forced(self) -> list[int]:
         return []
+
+    def turns(self, limit: int) -> Turns:
+        return Turns([], closing=True)
 
     def certain(self, tokens: list[int]) -> int:
         return 0

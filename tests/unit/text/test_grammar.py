@@ -130,3 +130,60 @@ def test_recursion_through_a_type_that_may_be_null_is_fine_and_deep_chains_are_r
     chain = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(1500)} | {"d1500": {"type": "integer"}}
     with pytest.raises(GrammarError, match="nest too deeply"):
         Grammar.json_schema({"$defs": chain, "$ref": "#/$defs/d0"})
+
+
+FLAGS = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}, "s": {"type": "string"}},
+    "required": ["ok", "n", "s"],
+    "additionalProperties": False,
+}
+
+
+def follow_forced(constraint) -> str:
+    """Advance through the forced run; its text."""
+    forced = constraint.forced()
+    for token in forced:
+        constraint.advance(token)
+    return tiny_tokenizer().decode(forced)
+
+
+def test_forced_tokens_run_through_every_forced_byte(compiler):
+    constraint = compiler.constraint(Grammar.json_schema(FLAGS))
+    forced = constraint.forced()
+    # The grammar forces `{"ok": ` whole; tokens past the engine's own forced ones are the
+    # tokenizer's split of the rest, and only the grammar's sole choices count as certain.
+    assert tiny_tokenizer().decode(forced) == '{"ok": '
+    assert 0 < constraint.certain(forced) <= len(forced)
+
+
+def test_turns_are_the_whole_words_of_a_choice_and_the_closers_of_a_value(compiler):
+    tokenizer = tiny_tokenizer()
+    constraint = compiler.constraint(Grammar.json_schema(FLAGS))
+    follow_forced(constraint)
+    words, closing = constraint.turns(4)
+    assert not closing
+    # Each choice's longest first token (this vocabulary splits `tr`+`ue`), then what it forces.
+    spelled = []
+    for token in words:
+        constraint.advance(token)
+        spelled.append(tokenizer.decode([token, *constraint.forced()]))
+        constraint.rollback(1)
+    assert sorted(spelled) == ['false, "n": ', 'true, "n": ']
+    constraint.advance(words[0])
+    follow_forced(constraint)
+    constraint.advance(encode("7")[0])
+    turns = constraint.turns(4)
+    closers = [tokenizer.decode([t]) for t in turns.tokens]
+    assert turns.closing and closers and all(text.startswith(",") for text in closers)  # a digit is no turn
+    constraint.advance(encode(",")[0])
+    follow_forced(constraint)
+    for token in encode("ab"):
+        constraint.advance(token)
+    turns = constraint.turns(4)
+    closers = [tokenizer.decode([t]) for t in turns.tokens]
+    assert turns.closing and any(text.startswith('"') for text in closers) and all('"' in text for text in closers)
+    for token in turns.tokens:  # closing the string ends the object: the reply may end
+        constraint.advance(token)
+        assert constraint.complete or constraint.forced()
+        constraint.rollback(1)
