@@ -68,7 +68,9 @@ class _ForwardCounter:
 
 class _FirstToken:
     """A `generate` streamer (transformers' public hook) that notes when the first new token
-    arrives: generate hands it the prompt first, then each new token."""
+    arrives: generate hands it the prompt first, then each new token. Assisted decoding (prompt
+    lookup) hands over its first verification's tokens at once, the prefill inside it: no time
+    of its own for the first token then (None)."""
 
     def __init__(self, start: float) -> None:
         self.start = start
@@ -77,7 +79,7 @@ class _FirstToken:
 
     def put(self, value) -> None:
         self._puts += 1
-        if self._puts == 2:
+        if self._puts == 2 and value.numel() == 1:
             self.seconds = time.perf_counter() - self.start
 
     def end(self) -> None:

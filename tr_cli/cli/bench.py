@@ -241,12 +241,12 @@ def _fit_context(
     """The prompts the model's context holds, and what was skipped (for the report); each
     skipped prompt is a warning."""
     from ..bench.runner import conversation_turns, over_context
-    from ..core.drafters.grammar_chain import MAX_CHAIN
+    from ..core.decode import CONSTRAINED_DEPTH
 
     context = engine.loaded.context_length
     max_depth = engine.decoder.max_depth if engine.decoder is not None else 0
     if any(record.schema is not None for record in records):
-        max_depth = max(max_depth, MAX_CHAIN)  # the grammar's forced tokens are drafted too
+        max_depth = max(max_depth, CONSTRAINED_DEPTH)  # the grammar's drafts and text lookup
     over = over_context(records, conversation_turns(encoder), max_new_tokens, turns, context, max_depth)
     if not over:
         return records, None

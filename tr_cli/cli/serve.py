@@ -127,7 +127,7 @@ def serve(
     sock = _bind(host, port)
     import uvicorn
 
-    from ..core.drafters.grammar_chain import MAX_CHAIN as GRAMMAR_CHAIN
+    from ..core.decode import CONSTRAINED_DEPTH
     from ..serve.app import create_app
     from ..serve.connections import with_head_deadline
     from ..serve.metrics import ServerMetrics
@@ -144,7 +144,7 @@ def serve(
             tokenizer=loaded.tokenizer,
             generation_config=getattr(loaded.model, "generation_config", None),
             context_length=loaded.context_length,
-            max_depth=max(engine.decoder.max_depth, GRAMMAR_CHAIN),
+            max_depth=max(engine.decoder.max_depth, CONSTRAINED_DEPTH),
             default_max_tokens=options.max_new_tokens,
             default_sampling=options.sampling,
             vocab_size=engine.decoder.vocab_size,

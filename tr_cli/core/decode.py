@@ -24,11 +24,12 @@ from .design.acceptance_stats import AcceptanceStats
 from .design.cost_model import CALIBRATION_SIZES, CostModel, calibrate
 from .design.source_stats import SourceStats
 from .drafters.base import Drafter, Placement, Verification
-from .drafters.grammar_chain import GrammarChainDrafter, GrammarRecord
+from .drafters.grammar_chain import MAX_CHAIN as GRAMMAR_CHAIN
+from .drafters.grammar_chain import TURN_CHAIN, GrammarChainDrafter, GrammarRecord
 from .drafters.matrix_tree import MatrixTreeDrafter
 from .drafters.merge import DraftMerger, TreeMerge
 from .drafters.planner import DraftPlanner
-from .drafters.text_lookup import TEXT_PRIOR, TextLookupDrafter
+from .drafters.text_lookup import TEXT_DEPTH, TEXT_PRIOR, TextLookupDrafter
 from .errors import PrefillStopped
 from .events import GenerationResult, GenerationStats, StepEvent, StepTimings, track
 from .forward import make_forward
@@ -55,6 +56,11 @@ def prefill_chunks(length: int, most: int = PREFILL_CHUNK) -> list[tuple[int, in
         return []
     bounds = [length * i // count for i in range(count + 1)]
     return list(zip(bounds, bounds[1:], strict=False))
+
+
+# How deep the drafts a constraint adds reach (set_constraint): the grammar's chain and branches,
+# and text lookup. What a caller reserves past the reply for constrained decoding.
+CONSTRAINED_DEPTH = max(GRAMMAR_CHAIN, 1 + TURN_CHAIN, TEXT_DEPTH)
 
 
 @dataclass(frozen=True)
@@ -174,8 +180,10 @@ class TokenRecyclingDecoder:
     def set_constraint(self, constraint: TokenConstraint | None) -> None:
         """Constrain the next reply (from its first token) by a grammar, in its initial state; None:
         unconstrained. While set, drafts the grammar forbids are cut before the forward
-        (core/constraint.py), and a decoder that drafts drafts the tokens the grammar forces too
-        (a chain under the root); one that does not (`ar`) stays one token per forward."""
+        (core/constraint.py), and a decoder that drafts also drafts what the grammar forces or
+        offers (drafters/grammar_chain.py) and, when the constraint knows the tokens' text, values
+        copied from the prompt's text (drafters/text_lookup.py); these reach CONSTRAINED_DEPTH
+        deep. One that drafts nothing (`ar`) stays one token per forward."""
         self.drafters = [d for d in self.drafters if not isinstance(d, GrammarChainDrafter | TextLookupDrafter)]
         self.constraint = constraint
         if constraint is not None and self.max_depth > 0:

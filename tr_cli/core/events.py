@@ -90,7 +90,7 @@ class GenerationStats:
     steps: int = 0  # verification forwards (the prefill not counted)
     step_tokens: int = 0  # tokens emitted by those steps (accepted drafts + bonus)
     prefill_seconds: float = 0.0
-    first_token_seconds: float = 0.0  # wall time until the first new token (the prefill's)
+    first_token_seconds: float | None = None  # wall time until the first new token (the prefill's)
     wall_seconds: float = 0.0
     step_timings: StepTimings = field(default_factory=StepTimings)  # summed over the steps
     finish_reason: str | None = None

@@ -119,7 +119,7 @@ class GrammarCompiler:
             if self._tokenizer.is_special_token(token):
                 continue
             text = self._tokenizer.decode_bytes([token])
-            if text[:1] in CLOSING and not text.strip(CLOSING + b" "):
+            if text and text[:1] in CLOSING and not text.strip(CLOSING + b" "):
                 out.append(token)
         return tuple(out)
 
@@ -213,7 +213,7 @@ class GrammarConstraint(TokenConstraint):
         return tokens
 
     def turns(self, limit: int) -> Turns:
-        allowed = np.unpackbits(self._mask_bits().view(np.uint8), bitorder="little")
+        allowed = np.unpackbits(self._mask_bits().view(np.uint8), bitorder="little")[: self.vocab_size]
         few = int(allowed.sum()) <= FEW_ALLOWED
         if few:
             # `true` and `false` are allowed with all their prefixes (`t`, `tr`, ...); the model
@@ -224,6 +224,10 @@ class GrammarConstraint(TokenConstraint):
             candidates = [t for t in tokens if not any(o != t and text[o].startswith(text[t]) for o in tokens)]
         else:
             candidates = [token for token in self.closers if self.allows(token)]
+            # Where a quote may come, a string is open and only a quote can close it (its commas
+            # and brackets are text): the others need no trying.
+            quoted = [token for token in candidates if self.token_text.piece(token)[:1] == b'"']
+            candidates = quoted or candidates
         out, open_value = [], not few
         for token in candidates:
             if len(out) == limit:
@@ -232,12 +236,17 @@ class GrammarConstraint(TokenConstraint):
             # or a comma inside a string is not one: nothing is forced after it).
             if not self._matcher.consume_token(token):
                 break  # the mask allowed it: the matcher failed, and _check says how
-            if self._matcher.is_accepting() or self._matcher.compute_ff_tokens():
-                out.append(token)
-            else:
-                open_value = True
-            self._matcher.rollback(1)
-        self._check()  # the mask of this state is still the one in the buffer
+            try:
+                if self._matcher.is_accepting() or self._matcher.compute_ff_tokens():
+                    out.append(token)
+                else:
+                    open_value = True
+            finally:
+                if not self._matcher.rollback(1):
+                    self._fresh = False
+                    self._check()
+                    raise ConstraintError(f"{self.grammar.description}: could not undo a token tried")
+        self._check()  # back where it was: the mask in the buffer is still this state's
         return Turns(out, closing=open_value)
 
     def certain(self, tokens: list[int]) -> int:

@@ -160,4 +160,4 @@ class GrammarChainDrafter(Drafter):
         return max(self.depth, 1 + TURN_CHAIN)
 
     def describe(self) -> str:
-        return f"grammar chain {self.depth}"
+        return f"grammar chain {self.depth} + {MAX_TURNS} choices"

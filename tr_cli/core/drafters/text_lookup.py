@@ -28,9 +28,15 @@ WORD_MATCH = 4  # a match shorter than this many bytes must start a word on both
 FOLLOWING_BYTES = 64  # earlier text re-tokenized per continuation
 
 
+def word_byte(byte: int) -> bool:
+    """A letter or digit, or a byte of a character past ASCII (part of a word in most scripts)."""
+    return byte >= 128 or chr(byte).isalnum()
+
+
 def starts_word(text: bytearray, at: int) -> bool:
-    """Whether the byte at `at` starts a word: the text starts there or a non-word byte precedes it."""
-    return at == 0 or not (chr(text[at - 1]).isalnum() and text[at - 1] < 128)
+    """Whether a word starts at `at`: a word byte there, and the text starts there or a non-word
+    byte precedes it."""
+    return word_byte(text[at]) and (at == 0 or not word_byte(text[at - 1]))
 
 
 class TextLookupDrafter(ContinuationDrafter):

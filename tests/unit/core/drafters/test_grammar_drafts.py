@@ -118,7 +118,7 @@ def test_nodes_a_planner_left_out_teach_nothing():
     drafter.learn(verification([1, TRUE, COMMA], (-1, 0, 1), [True, True, True]), placement)
     assert record.offered[TRUE] == 1 and record.offered[FALSE] == 0
     assert record.trials == 0  # the comma is certain
-    assert draft is not None
+    assert draft.tokens.tolist()[1:3] == [TRUE, COMMA]
 
 
 class LongestMatch(TokenText):
@@ -170,6 +170,10 @@ def test_text_lookup_short_matches_start_words_on_both_sides():
     drafter.extend(text.encode(b' "B'))
     continuations = [text.decode(c.tokens) for c in drafter.continuations(2, 4)]
     assert continuations == [b"ob went"]  # not from the "B" inside `abBc`
+    # A tail of punctuation alone (a quote just opened) starts no word: it would match every quote.
+    drafter.reset()
+    drafter.extend(text.encode(b'say "hi", then "'))
+    assert drafter.continuations(2, 4) == []
 
 
 def test_text_lookup_finds_nothing_in_a_fresh_conversation_and_forgets_on_reset():
@@ -208,3 +212,33 @@ def test_closing_a_value_that_may_go_on_is_priced_apart_from_a_choice():
     # One closing is not a sure thing the way the only word of a choice would be.
     assert draft.probabilities[0] == EXIT_PRIOR
     assert draft.probabilities[1] == pytest.approx(EXIT_PRIOR * drafter.rate)
+
+
+class ClosingGrammar(NumberGrammar):
+    """Three ways to close the open value (16, 17, COMMA), each followed by `"key":`."""
+
+    CLOSINGS = (16, 17, COMMA)
+
+    def _allowed(self) -> set[int]:
+        done = [t for t in self.path if t in self.CLOSINGS]
+        if not done:
+            return {20, *self.CLOSINGS}
+        rest = [QUOTE, KEY, COLON][len(self.path) - self.path.index(done[0]) - 1 :]
+        return set(rest[:1])
+
+    def forced(self) -> list[int]:
+        done = [t for t in self.path if t in self.CLOSINGS]
+        return [QUOTE, KEY, COLON][len(self.path) - self.path.index(done[0]) - 1 :] if done else []
+
+    def turns(self, limit: int) -> Turns:
+        return Turns(list(self.CLOSINGS) if not self.path else [], closing=True)
+
+
+def test_of_the_ways_to_close_only_the_ones_the_model_took_most_are_drafted():
+    record = GrammarRecord()
+    record.offered.update({16: 10, 17: 10, COMMA: 10})
+    record.taken.update({16: 1, 17: 6, COMMA: 3})
+    draft = GrammarChainDrafter(ClosingGrammar(), "cpu", record=record).propose(root=20)
+    firsts = [token for token, parent in zip(draft.tokens.tolist(), draft.spec.parents, strict=True) if parent == 0]
+    assert firsts == [17, COMMA]  # MAX_CLOSINGS of them, likeliest first
+    assert draft.probabilities[0] == pytest.approx(record.turn_rate(17, EXIT_PRIOR))
