@@ -166,6 +166,12 @@ class GrammarConstraint(TokenConstraint):
             raise GrammarError(f"{grammar.description}: {_first_line(self._matcher.get_error())}")
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
         self._fresh = False
+        # A stop token ends the reply. It is kept out of the matcher: llguidance stops there, and
+        # undoing it leaves a matcher that no longer allows the stop token (the state is lost),
+        # while drafts are explored and undone. Past it only stop tokens are allowed (as in a
+        # stopped matcher); `_ended` counts those advanced.
+        self._stops = frozenset(tokenizer.eos_tokens)
+        self._ended = 0
 
     def _mask_bits(self) -> np.ndarray:
         if not self._fresh:
@@ -179,28 +185,45 @@ class GrammarConstraint(TokenConstraint):
             raise ConstraintError(f"{self.grammar.description}: {_first_line(self._matcher.get_error())}")
 
     def allows(self, token: int) -> bool:
+        if self._ended:
+            return token in self._stops
         if not 0 <= token < self.vocab_size:
             return False
         return bool((int(self._mask_bits()[token >> 5]) >> (token & 31)) & 1)
 
     def allowed(self) -> torch.Tensor:
+        if self._ended:
+            mask = torch.zeros(self.vocab_size, dtype=torch.bool)
+            mask[[token for token in self._stops if token < self.vocab_size]] = True
+            return mask
         bits = np.unpackbits(self._mask_bits().view(np.uint8), bitorder="little")[: self.vocab_size]
         return torch.from_numpy(bits.astype(np.bool_))
 
     def advance(self, token: int) -> None:
+        if token in self._stops:
+            if not self.allows(token):
+                raise ConstraintError(f"{self.grammar.description}: the reply cannot end here (token {token})")
+            self._ended += 1  # the matcher and the mask in the buffer stay as they were
+            return
         self._fresh = False
-        if not self._matcher.consume_token(token):
-            raise ConstraintError(
-                f"{self.grammar.description}: token {token} refused ({_first_line(self._matcher.get_error())})"
-            )
+        if self._ended or not self._matcher.consume_token(token):
+            reason = "the reply has ended" if self._ended else _first_line(self._matcher.get_error())
+            raise ConstraintError(f"{self.grammar.description}: token {token} refused ({reason})")
 
     def rollback(self, count: int) -> None:
+        undone = min(count, self._ended)
+        self._ended -= undone
+        count -= undone
+        if count == 0:
+            return
         self._fresh = False
         if not self._matcher.rollback(count):
             self._check()
             raise ConstraintError(f"{self.grammar.description}: could not undo {count} tokens")
 
     def forced(self) -> list[int]:
+        if self._ended:
+            return []
         tokens = list(self._matcher.compute_ff_tokens())
         # The forced bytes can run past the forced tokens where a longer token could still take
         # them (`": "` forces `":` while ` "` may yet be ` ""`): drafted in the tokenizer's own
@@ -213,6 +236,8 @@ class GrammarConstraint(TokenConstraint):
         return tokens
 
     def turns(self, limit: int) -> Turns:
+        if self._ended:
+            return Turns([], closing=False)
         allowed = np.unpackbits(self._mask_bits().view(np.uint8), bitorder="little")[: self.vocab_size]
         few = int(allowed.sum()) <= FEW_ALLOWED
         if few:
@@ -250,6 +275,8 @@ class GrammarConstraint(TokenConstraint):
         return Turns(out, closing=open_value)
 
     def certain(self, tokens: list[int]) -> int:
+        if self._ended:
+            return 0
         count = 0
         for token in tokens:
             words = np.flatnonzero(self._mask_bits())
@@ -263,8 +290,8 @@ class GrammarConstraint(TokenConstraint):
 
     @property
     def complete(self) -> bool:
-        """Whether the text so far is a whole match (the reply may end here)."""
-        return self._matcher.is_accepting()
+        """Whether the text so far is a whole match (the reply may end here, or has)."""
+        return bool(self._ended) or self._matcher.is_accepting()
 
 
 def _first_line(message: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tr_cli.core.constraint import ConstraintError
 from tr_cli.text.grammar import MAX_SCHEMA_CHARS, Grammar, GrammarCompiler, GrammarError
@@ -189,3 +190,25 @@ def test_turns_are_the_whole_words_of_a_choice_and_the_closers_of_a_value(compil
         constraint.advance(token)
         assert constraint.complete or constraint.forced()
         constraint.rollback(1)
+
+
+def test_ending_the_reply_can_be_explored_and_undone(compiler):
+    """A draft may hold the stop token with more drafts under it; exploring that and undoing it
+    must leave the grammar where it was (llguidance's matcher, stopped and rolled back, refuses
+    the stop token from then on: a reply that could no longer end where `generate`'s did)."""
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    explored, clean = (compiler.constraint(Grammar.json_schema(schema)) for _ in range(2))
+    for token in encode('{"name": "Ann"}'):
+        explored.advance(token)
+        clean.advance(token)
+    assert explored.allows(EOS) and explored.complete
+    explored.advance(EOS)
+    # Past the end only the stop token (as a stopped matcher has it): a walk may go on over drafts
+    # that repeat it, which the stop condition cuts.
+    assert explored.complete and explored.allowed().nonzero().flatten().tolist() == [EOS]
+    assert explored.forced() == [] and not explored.turns(4).tokens
+    with pytest.raises(ConstraintError):
+        explored.advance(encode("a")[0])
+    explored.advance(EOS)
+    explored.rollback(2)
+    assert explored.allows(EOS) and torch.equal(explored.allowed(), clean.allowed())
