@@ -5,41 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from set_constraint import SetConstraint
 
-from tr_cli.core.constraint import ConstraintError, TokenConstraint, Turns, allowed_nodes, masked_argmax
+from tr_cli.core.constraint import ConstraintError, allowed_nodes, masked_argmax
 from tr_cli.core.tree import EXTERNAL, TreeSpec
-
-
-class SetConstraint(TokenConstraint):
-    """Allows, after a path of tokens, the tokens `rule(path)` gives."""
-
-    def __init__(self, rule, vocab: int) -> None:
-        self.rule, self.vocab, self.path = rule, vocab, []
-
-    def allows(self, token: int) -> bool:
-        return token in self.rule(tuple(self.path))
-
-    def allowed(self) -> torch.Tensor:
-        mask = torch.zeros(self.vocab, dtype=torch.bool)
-        mask[list(self.rule(tuple(self.path)))] = True
-        return mask
-
-    def advance(self, token: int) -> None:
-        if not self.allows(token):
-            raise ConstraintError(f"{token} refused")
-        self.path.append(token)
-
-    def rollback(self, count: int) -> None:
-        del self.path[len(self.path) - count :]
-
-    def forced(self) -> list[int]:
-        return []
-
-    def turns(self, limit: int) -> Turns:
-        return Turns([], closing=True)
-
-    def certain(self, tokens: list[int]) -> int:
-        return 0
 
 
 def full_masked_argmax(row, allowed):

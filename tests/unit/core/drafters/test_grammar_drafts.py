@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from set_constraint import SetConstraint
 
-from tr_cli.core.constraint import ConstraintError, TokenConstraint, Turns
+from tr_cli.core.constraint import Turns
 from tr_cli.core.drafters.base import Placement, Verification
 from tr_cli.core.drafters.grammar_chain import EXIT_PRIOR, GrammarChainDrafter, GrammarRecord
 from tr_cli.core.drafters.prompt_lookup import PromptLookup
@@ -17,12 +18,12 @@ from tr_cli.core.tree_buffers import TreeBuffers
 TRUE, FALSE, COMMA, QUOTE, KEY, COLON = 10, 11, 12, 13, 14, 15
 
 
-class ScriptedGrammar(TokenConstraint):
+class ScriptedGrammar(SetConstraint):
     """`{"flag": true|false, ...}` in miniature: before the value two words are allowed (no run
     forced); after either, `, "key":` is forced, of which the comma alone is certain."""
 
     def __init__(self) -> None:
-        self.path: list[int] = []
+        super().__init__(lambda path: self._allowed(), 20)
 
     def _allowed(self) -> set[int]:
         if not self.path:
@@ -30,22 +31,6 @@ class ScriptedGrammar(TokenConstraint):
         if self.path[-1] in (TRUE, FALSE):
             return {COMMA}
         return {QUOTE, KEY, COLON}
-
-    def allows(self, token: int) -> bool:
-        return token in self._allowed()
-
-    def allowed(self) -> torch.Tensor:
-        mask = torch.zeros(20, dtype=torch.bool)
-        mask[list(self._allowed())] = True
-        return mask
-
-    def advance(self, token: int) -> None:
-        if not self.allows(token):
-            raise ConstraintError(f"{token} refused")
-        self.path.append(token)
-
-    def rollback(self, count: int) -> None:
-        del self.path[len(self.path) - count :]
 
     def forced(self) -> list[int]:
         return [COMMA, QUOTE, KEY, COLON] if self.path and self.path[-1] in (TRUE, FALSE) else []
