@@ -412,3 +412,70 @@ def test_stdout_that_fails_still_saves_what_was_learned(tiny_llama_dir, home):
     saved = re.search(r"matrix: [\d,]+ rows saved to (\S+)", err)
     assert saved, err
     assert load_file(saved.group(1))
+
+
+CHOICES = {
+    "type": "object",
+    "properties": {
+        "ok": {"type": "boolean"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 9},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["ok", "n", "color"],
+    "additionalProperties": False,
+}
+
+
+def test_a_reply_under_a_schema_is_its_json_and_equals_constrained_generate(tiny_llama_dir, home, tmp_path):
+    """A random-weight model still writes an instance: the grammar decides what it may say, and
+    --compare runs `generate` with the same grammar as a logits processor."""
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(CHOICES))
+    out = run("generate", str(tiny_llama_dir), "--schema", str(path), "-n", "40", "--compare", "-p", "Hello")
+    assert out.returncode == 0, out.stderr
+    reply = json.loads(out.stdout)
+    assert set(reply) == {"ok", "n", "color"} and isinstance(reply["ok"], bool)
+    assert reply["n"] in range(10) and reply["color"] in ("red", "green", "blue")
+    assert "finish: eos" in out.stderr and "output identical" in out.stderr, out.stderr
+    assert "warning" not in out.stderr
+
+
+def test_a_json_reply_cut_by_the_token_budget_is_said(tiny_llama_dir, home):
+    out = run("generate", str(tiny_llama_dir), "--json", "-n", "6", "-p", "Hello")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("{")
+    assert "tr: warning: the reply stopped (length) before its JSON was complete; raise --max-new-tokens" in out.stderr
+
+
+def test_smollm2_extracts_fields_under_a_schema(smollm2_checkpoint, home):
+    """The packaged model, default weights, the schema given inline: the fields come out of the text."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "full_name": {"type": "string", "maxLength": 40},
+            "years_experience": {"type": "integer", "minimum": 0, "maximum": 50},
+            "willing_to_relocate": {"type": "boolean"},
+        },
+        "required": ["full_name", "years_experience", "willing_to_relocate"],
+        "additionalProperties": False,
+    }
+    prompt = (
+        "Extract the following fields from the text as JSON: full_name, years_experience, willing_to_relocate.\n\n"
+        "Dear Hiring Team, my name is Priya Raman and I am applying for the Senior Data Analyst position. "
+        "I have spent seven years building forecasting models. I am happy to relocate to your Columbus office."
+    )
+    out = run("generate", "--schema", json.dumps(schema), "-n", "60", "--compare", "-p", prompt)
+    assert out.returncode == 0, out.stderr
+    reply = json.loads(out.stdout)
+    assert reply["full_name"] == "Priya Raman" and isinstance(reply["willing_to_relocate"], bool)
+    assert "output identical" in out.stderr, out.stderr
+
+
+def test_a_bad_schema_is_one_line_before_the_model_loads(home, tmp_path):
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}))
+    out = run("generate", "--schema", str(path), "-p", "hi")
+    assert out.returncode == 1 and "Loading" not in out.stderr
+    assert out.stderr.strip().splitlines() == [
+        f'tr: error: {path}: Unimplemented keys: ["uniqueItems"]; fix the schema'
+    ]

@@ -17,13 +17,16 @@ from ..text.conversation import encode_prompt
 from ..text.input_text import checked_input, read_input
 from ..text.prompts import sample_prompts
 from ..text.streaming import IncrementalDecoder
-from .console import note, stderr, write_out
+from .console import note, stderr, warn, write_out
 from .options import decoding_options
 
 if TYPE_CHECKING:  # torch and transformers load when the command runs, not for its --help
+    from collections.abc import Callable
+
     from ..core.events import GenerationStats
     from ..core.sampling_config import SamplingConfig
     from ..models import LoadedModel
+    from ..text.grammar import Grammar, GrammarConstraint
 
 Prompt = Annotated[
     str | None, typer.Option("--prompt", "-p", help="Prompt text ('-' reads stdin). Default: a bundled sample prompt.")
@@ -37,6 +40,16 @@ Compare = Annotated[
         "identical-output check.",
     ),
 ]
+Schema = Annotated[
+    str | None,
+    typer.Option(
+        "--schema",
+        help="The reply is JSON matching this JSON Schema: a file, or the schema's JSON text. Decoding "
+        "follows the schema's grammar, and what it forces is drafted for free.",
+        show_default=False,
+    ),
+]
+JsonObject = Annotated[bool, typer.Option("--json", help="The reply is one JSON object (any keys).")]
 
 
 @decoding_options()
@@ -44,10 +57,15 @@ def generate(
     prompt: Prompt = None,
     stop_strings: StopStrings = [],  # noqa: B006 - Typer's way of declaring a repeatable option
     compare: Compare = False,
+    schema: Schema = None,
+    json_object: JsonObject = False,
     *,
     options: DecodingOptions,
 ) -> None:
     """Generate a reply to one prompt with Token Recycling and print its stats."""
+    from ..text.schema_option import reply_grammar
+
+    grammar = reply_grammar(schema, json_object)
     if prompt == "-":
         prompt = read_input(sys.stdin, "--prompt -")
     elif prompt is None:
@@ -63,6 +81,9 @@ def generate(
     _refuse_past_context(prompt, options)
     engine = open_engine(options)
     loaded, decoder = engine.loaded, engine.decoder
+    constraint_of = _constraints(loaded, decoder.vocab_size, grammar) if grammar is not None else None
+    constraint = constraint_of() if constraint_of is not None else None
+    decoder.set_constraint(constraint)  # before the budget: the grammar's drafts reach deeper
     input_ids = encode_prompt(loaded.tokenizer, prompt)
     max_new_tokens = _fit_context(options.max_new_tokens, len(input_ids), loaded.context_length, decoder.max_depth)
     stop = StopCondition.build(
@@ -85,6 +106,8 @@ def generate(
         finally:
             save_state(engine)  # also on Ctrl-C or a closed stdout: what was learned so far is kept
     note(stats_summary(result.stats))
+    if constraint is not None and not constraint.complete:
+        warn(f"the reply stopped ({result.stats.finish_reason}) before its JSON was complete; raise --max-new-tokens")
     if compare:
         _compare(
             loaded,
@@ -94,7 +117,21 @@ def generate(
             result.tokens,
             result.stats.tokens_per_second,
             engine.sampling,
+            constraint_of,
         )
+
+
+def _constraints(loaded: LoadedModel, vocab_size: int, grammar: Grammar) -> Callable[[], GrammarConstraint]:
+    """Fresh constraints in the grammar's initial state (tr's reply, then --compare's), from one
+    compiler; a grammar the engine refuses for this model's tokenizer is a one-line error."""
+    from ..text.grammar import GrammarCompiler, GrammarError
+
+    try:
+        compiler = GrammarCompiler(loaded.tokenizer, vocab_size, loaded.eos_token_ids)
+        compiler.check(grammar)
+    except GrammarError as exc:
+        raise UserError(f"{exc}; --schema/--json cannot be used with this model") from None
+    return lambda: compiler.constraint(grammar)
 
 
 def _refuse_past_context(prompt: str, options: DecodingOptions) -> None:
@@ -151,6 +188,7 @@ def _compare(
     tokens: list[int],
     tr_tps: float,
     sampling: SamplingConfig,
+    constraint_of: Callable[[], GrammarConstraint] | None,
 ) -> None:
     import torch
 
@@ -163,6 +201,10 @@ def _compare(
     with torch.inference_mode():
         start = time.perf_counter()
         extra = {"stop_strings": stop_strings, "tokenizer": loaded.tokenizer} if stop_strings else {}
+        if constraint_of is not None:  # the same grammar, as a logits processor
+            from ..text.grammar_logits import GrammarLogitsProcessor
+
+            extra["logits_processor"] = [GrammarLogitsProcessor(constraint_of(), len(input_ids))]
         out = loaded.model.generate(
             ids,
             attention_mask=torch.ones_like(ids),

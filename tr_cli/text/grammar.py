@@ -64,7 +64,9 @@ class Grammar:
             )
         except ValueError as exc:
             raise GrammarError(f"{name}: {exc}") from None
-        return cls(source, name)
+        grammar = cls(source, name)
+        _validate(grammar, None)  # what needs no tokenizer (unsupported keywords, bad types) is said here
+        return grammar
 
     @classmethod
     def lark(cls, source: str, description: str) -> Grammar:
@@ -94,11 +96,7 @@ class GrammarCompiler:
 
     def check(self, grammar: Grammar) -> None:
         """GrammarError when llguidance refuses the grammar (its message names the problem)."""
-        import llguidance
-
-        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar.source, self._tokenizer)
-        if failed:
-            raise GrammarError(f"{grammar.description}: {_first_line(messages[0])}")
+        _validate(grammar, self._tokenizer)
 
     def constraint(self, grammar: Grammar) -> GrammarConstraint:
         """A fresh constraint in the grammar's initial state; GrammarError (the same message `check`
@@ -292,6 +290,14 @@ class GrammarConstraint(TokenConstraint):
     def complete(self) -> bool:
         """Whether the text so far is a whole match (the reply may end here, or has)."""
         return bool(self._ended) or self._matcher.is_accepting()
+
+
+def _validate(grammar: Grammar, tokenizer: object | None) -> None:
+    import llguidance
+
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar.source, tokenizer)
+    if failed:
+        raise GrammarError(f"{grammar.description}: {_first_line(messages[0])}")
 
 
 def _first_line(message: str) -> str:

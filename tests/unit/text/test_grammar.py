@@ -36,9 +36,10 @@ def compiler():
         ("not a schema", "a JSON schema is an object"),
     ],
 )
-def test_bad_schemas_are_refused_with_the_problem_named(compiler, schema, problem):
+def test_bad_schemas_are_refused_with_the_problem_named(schema, problem):
+    """Refused when the grammar is made, before any tokenizer (a command says so before loading)."""
     with pytest.raises(GrammarError) as caught:
-        compiler.check(Grammar.json_schema(schema, name="response_format.json_schema.schema"))
+        Grammar.json_schema(schema, name="response_format.json_schema.schema")
     message = str(caught.value)
     assert message.startswith("response_format.json_schema.schema: ")
     assert problem in message and "\n" not in message
@@ -120,9 +121,9 @@ def test_forced_tokens_spell_what_the_grammar_leaves_no_choice_about(compiler):
     "schema",
     [{"allOf": 5}, {"anyOf": None}, {"type": "object", "properties": {}, "required": [[1]]}],
 )
-def test_malformed_schemas_are_refused_as_such_never_with_a_crash(compiler, schema):
+def test_malformed_schemas_are_refused_as_such_never_with_a_crash(schema):
     with pytest.raises(GrammarError):
-        compiler.check(Grammar.json_schema(schema))
+        Grammar.json_schema(schema)
 
 
 def test_recursion_through_a_type_that_may_be_null_is_fine_and_deep_chains_are_refused(compiler):

@@ -1,0 +1,60 @@
+"""`--schema` / `--json`: the grammar a command-line reply must match, read and checked before any
+model loads; every bad input is one line naming the file, the line or the keyword."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tr_cli.errors import UserError
+from tr_cli.text.grammar import Grammar
+from tr_cli.text.schema_option import reply_grammar
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+
+
+def test_free_text_json_and_a_schema_from_a_file_or_inline(tmp_path):
+    assert reply_grammar(None, False) is None
+    assert reply_grammar(None, True) == Grammar.json_object()
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(SCHEMA, indent=2))
+    from_file = reply_grammar(str(path), False)
+    inline = reply_grammar(json.dumps(SCHEMA), False)
+    assert from_file.source == inline.source == Grammar.json_schema(SCHEMA).source
+    assert from_file.description == str(path) and inline.description == "--schema"
+
+
+def test_a_schema_that_is_not_json_names_its_file_line_and_column(tmp_path):
+    path = tmp_path / "schema.json"
+    path.write_text('{"type": "object",\n "properties": {"a": 1,}\n}\n')
+    with pytest.raises(UserError, match=rf"^{path}:2:24: not JSON \(Expecting property name"):
+        reply_grammar(str(path), False)
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem"),
+    [
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": 5}, "type must be a string"),
+        ([1, 2], "a JSON schema is an object"),
+    ],
+)
+def test_a_schema_the_grammar_cannot_enforce_names_the_problem(tmp_path, schema, problem):
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    with pytest.raises(UserError) as caught:
+        reply_grammar(str(path), False)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: ") and problem in message and "\n" not in message
+
+
+def test_a_missing_file_an_unreadable_one_and_both_options_are_refused(tmp_path):
+    with pytest.raises(UserError, match="no such file; give a JSON Schema file"):
+        reply_grammar(str(tmp_path / "missing.json"), False)
+    latin1 = tmp_path / "latin1.json"
+    latin1.write_bytes('{"description": "caf\xe9"}'.encode("latin-1"))
+    with pytest.raises(UserError, match="cannot read it as UTF-8"):
+        reply_grammar(str(latin1), False)
+    with pytest.raises(UserError, match="give one"):
+        reply_grammar(json.dumps(SCHEMA), True)
