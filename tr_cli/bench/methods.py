@@ -251,19 +251,9 @@ def make_runners(engine: Engine, methods: list[Method]) -> tuple[dict, dict[str,
 
 def _constraints(engine: Engine) -> ConstraintOf:
     """Constraints for structured prompts, from one grammar compiler built on first use."""
-    compiler = None
+    from ..text.schema_option import grammar_constraints
 
-    def constraint_of(grammar: Grammar) -> TokenConstraint:
-        nonlocal compiler
-        if compiler is None:
-            from ..core.matrix import output_vocab_size
-            from ..text.grammar import GrammarCompiler
-
-            loaded = engine.loaded
-            compiler = GrammarCompiler(loaded.tokenizer, output_vocab_size(loaded.model), loaded.eos_token_ids)
-        return compiler.constraint(grammar)
-
-    return constraint_of
+    return grammar_constraints(engine.loaded, "structured prompts cannot be benchmarked on this model")
 
 
 def model_of(engine: Engine, method: Method) -> torch.nn.Module:

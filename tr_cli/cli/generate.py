@@ -63,9 +63,11 @@ def generate(
     options: DecodingOptions,
 ) -> None:
     """Generate a reply to one prompt with Token Recycling and print its stats."""
-    from ..text.schema_option import reply_grammar
+    grammar = None
+    if schema is not None or json_object:  # llguidance and torch load only for a grammar
+        from ..text.schema_option import reply_grammar
 
-    grammar = reply_grammar(schema, json_object)
+        grammar = reply_grammar(schema, json_object)
     if prompt == "-":
         prompt = read_input(sys.stdin, "--prompt -")
     elif prompt is None:
@@ -81,7 +83,7 @@ def generate(
     _refuse_past_context(prompt, options)
     engine = open_engine(options)
     loaded, decoder = engine.loaded, engine.decoder
-    constraint_of = _constraints(loaded, decoder.vocab_size, grammar) if grammar is not None else None
+    constraint_of = _constraints(loaded, grammar) if grammar is not None else None
     constraint = constraint_of() if constraint_of is not None else None
     decoder.set_constraint(constraint)  # before the budget: the grammar's drafts reach deeper
     input_ids = encode_prompt(loaded.tokenizer, prompt)
@@ -107,7 +109,7 @@ def generate(
             save_state(engine)  # also on Ctrl-C or a closed stdout: what was learned so far is kept
     note(stats_summary(result.stats))
     if constraint is not None and not constraint.complete:
-        warn(f"the reply stopped ({result.stats.finish_reason}) before its JSON was complete; raise --max-new-tokens")
+        warn(_incomplete_json(result.stats.finish_reason, max_new_tokens < options.max_new_tokens))
     if compare:
         _compare(
             loaded,
@@ -121,17 +123,26 @@ def generate(
         )
 
 
-def _constraints(loaded: LoadedModel, vocab_size: int, grammar: Grammar) -> Callable[[], GrammarConstraint]:
-    """Fresh constraints in the grammar's initial state (tr's reply, then --compare's), from one
-    compiler; a grammar the engine refuses for this model's tokenizer is a one-line error."""
-    from ..text.grammar import GrammarCompiler, GrammarError
+def _constraints(loaded: LoadedModel, grammar: Grammar) -> Callable[[], GrammarConstraint]:
+    """Fresh constraints in the grammar's initial state (tr's reply, then --compare's); the first is
+    built here, so that a grammar the engine refuses for this tokenizer stops before any decoding."""
+    from ..text.schema_option import grammar_constraints
 
-    try:
-        compiler = GrammarCompiler(loaded.tokenizer, vocab_size, loaded.eos_token_ids)
-        compiler.check(grammar)
-    except GrammarError as exc:
-        raise UserError(f"{exc}; --schema/--json cannot be used with this model") from None
-    return lambda: compiler.constraint(grammar)
+    constraint_of = grammar_constraints(loaded, "--schema/--json cannot be used with this model")
+    constraint_of(grammar)
+    return lambda: constraint_of(grammar)
+
+
+def _incomplete_json(finish_reason: str | None, clamped: bool) -> str:
+    """The warning for a reply whose JSON stopped before its end, with the cause a user can act on."""
+    said = f"the reply stopped ({finish_reason}) before its JSON was complete"
+    if finish_reason == "length" and not clamped:
+        return f"{said}; raise --max-new-tokens"
+    if finish_reason == "length":
+        return f"{said}: the model's context is full; shorten the prompt"
+    if finish_reason == "stop_string":
+        return f"{said}: a --stop string came first"
+    return said
 
 
 def _refuse_past_context(prompt: str, options: DecodingOptions) -> None:

@@ -63,8 +63,7 @@ class ServedModel:
         """The grammar the reply follows for the tools offered (None: free text), each tool's
         parameter schema checked first so that an error names the tool."""
         try:
-            for grammar in parameter_grammars(tools):
-                self.grammars.check(grammar)
+            parameter_grammars(tools)  # each tool's schema on its own: an error names the tool
             return self.tool_format.grammar(tools, choice)
         except GrammarError as exc:
             raise ApiError(400, str(exc), param="tools") from None

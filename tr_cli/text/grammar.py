@@ -53,11 +53,14 @@ class Grammar:
 
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"{name}: a JSON schema is an object (or true/false), got {type(schema).__name__}")
+        if schema is False:
+            raise GrammarError(f"{name}: the schema false allows no value at all; give one that some reply can match")
+        if schema is True:  # any JSON value; llguidance takes that as the empty object schema only
+            schema = {}
         text = json.dumps(schema)
         if len(text) > MAX_SCHEMA_CHARS:
             raise GrammarError(f"{name}: {len(text):,} characters of JSON; at most {MAX_SCHEMA_CHARS:,}")
-        if isinstance(schema, dict):
-            _check_recursion(schema, name)
+        _check_recursion(schema, name)
         try:
             source = llguidance.LLMatcher.grammar_from_json_schema(
                 text, defaults=JSON_LAYOUT, overrides={"lenient": not strict}

@@ -1,14 +1,21 @@
 """The grammar a command-line reply must match: `--schema` (a JSON Schema file, or its JSON text)
-or `--json` (any JSON object), read and checked once at the edge, before a model loads."""
+or `--json` (any JSON object), read and checked once at the edge, before a model loads; and the
+constraints that enforce grammars on a loaded model (`tr generate`, `tr bench`)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from .grammar import Grammar, GrammarError
 from .prompts import read_utf8
+
+if TYPE_CHECKING:
+    from ..models import LoadedModel
+    from .grammar import GrammarConstraint
 
 
 def reply_grammar(schema: str | None, json_object: bool) -> Grammar | None:
@@ -21,18 +28,60 @@ def reply_grammar(schema: str | None, json_object: bool) -> Grammar | None:
         return Grammar.json_object()
     if schema is None:
         return None
-    if schema.lstrip().startswith("{"):
+    if _is_inline(schema):
         where, text = "--schema", schema
     else:
-        path = Path(schema).expanduser()
-        if not path.is_file():
-            raise UserError(f"--schema {schema}: no such file; give a JSON Schema file or the schema's JSON text")
-        where, text = str(path), read_utf8(path, "--schema ")
+        where, text = _read_schema_file(schema)
     try:
-        value = json.loads(text)
+        value = json.loads(text.lstrip("\ufeff"))
     except json.JSONDecodeError as exc:
         raise UserError(f"{where}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg}); fix the schema") from None
+    except RecursionError:
+        raise UserError(f"{where}: nested too deeply to read; fix the schema") from None
     try:
         return Grammar.json_schema(value, strict=True, name=where)
     except GrammarError as exc:
         raise UserError(f"{exc}; fix the schema") from None
+
+
+def grammar_constraints(loaded: LoadedModel, refused: str) -> Callable[[Grammar], GrammarConstraint]:
+    """Fresh constraints in a grammar's initial state, from one compiler built on first use for
+    this model's tokenizer and output vocabulary. A tokenizer or grammar llguidance refuses is a
+    one-line UserError ending in `refused` (what the user cannot do, e.g. "--schema cannot be used
+    with this model")."""
+    from ..core.matrix import output_vocab_size
+    from .grammar import GrammarCompiler
+
+    compiler: GrammarCompiler | None = None
+
+    def constraint_of(grammar: Grammar) -> GrammarConstraint:
+        nonlocal compiler
+        try:
+            if compiler is None:
+                compiler = GrammarCompiler(loaded.tokenizer, output_vocab_size(loaded.model), loaded.eos_token_ids)
+            return compiler.constraint(grammar)
+        except GrammarError as exc:
+            raise UserError(f"{exc}; {refused}") from None
+
+    return constraint_of
+
+
+def _is_inline(value: str) -> bool:
+    """Whether `--schema VALUE` is the schema's JSON text rather than a path: an object, or the
+    schemas `true`/`false` (a byte-order mark or spaces before them allowed)."""
+    text = value.strip("\ufeff \t\r\n")
+    return text.startswith("{") or text in ("true", "false")
+
+
+def _read_schema_file(value: str) -> tuple[str, str]:
+    """(the path as said in errors, the file's text); a one-line UserError naming the path when it
+    is missing, a folder or unreadable."""
+    try:
+        path = Path(value).expanduser()
+        if path.is_dir():
+            raise UserError(f"--schema {value}: is a folder; give a JSON Schema file or the schema's JSON text")
+        if not path.is_file():
+            raise UserError(f"--schema {value}: no such file; give a JSON Schema file or the schema's JSON text")
+    except (OSError, RuntimeError) as exc:  # an unresolvable ~user, a name the OS refuses
+        raise UserError(f"--schema {value}: cannot use this path ({exc}); give a JSON Schema file") from None
+    return str(path), read_utf8(path, "--schema ")

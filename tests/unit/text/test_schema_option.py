@@ -58,3 +58,29 @@ def test_a_missing_file_an_unreadable_one_and_both_options_are_refused(tmp_path)
         reply_grammar(str(latin1), False)
     with pytest.raises(UserError, match="give one"):
         reply_grammar(json.dumps(SCHEMA), True)
+
+
+def test_a_folder_or_a_path_the_os_refuses_is_one_line_naming_it(tmp_path):
+    with pytest.raises(UserError, match=rf"^--schema {tmp_path}: is a folder"):
+        reply_grammar(str(tmp_path), False)
+    with pytest.raises(UserError, match=r"^--schema ~no-such-user-tr/s.json: cannot use this path"):
+        reply_grammar("~no-such-user-tr/s.json", False)
+    with pytest.raises(UserError, match="cannot use this path .*File name too long"):
+        reply_grammar("x" * 5000 + ".json", False)
+
+
+@pytest.mark.parametrize("text", [f"  \n{json.dumps(SCHEMA)}\n", f"\ufeff{json.dumps(SCHEMA)}"])
+def test_inline_schemas_may_start_with_spaces_or_a_byte_order_mark(text):
+    assert reply_grammar(text, False).source == Grammar.json_schema(SCHEMA).source
+
+
+def test_the_schemas_true_and_false_are_inline_not_file_names(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no file named true or false here
+    assert reply_grammar(" true ", False).source == Grammar.json_schema({}).source  # any JSON value
+    with pytest.raises(UserError, match=r"^--schema: the schema false allows no value at all"):
+        reply_grammar("false", False)
+
+
+def test_a_schema_nested_past_what_json_reads_is_one_line():
+    with pytest.raises(UserError, match=r"^--schema: nested too deeply to read"):
+        reply_grammar('{"a":' * 100_000 + "1" + "}" * 100_000, False)
