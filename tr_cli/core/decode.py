@@ -252,13 +252,17 @@ class TokenRecyclingDecoder:
         """The 4D additive mask (or one per layer type) for new tokens at `positions` over the cache."""
         return self.layout.build(self.cache.length, positions, visible)
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | dict) -> torch.Tensor:
-        return self.forward_pass(input_ids, positions, mask, self.cache)
+    def _forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | dict, last_only: bool = False
+    ) -> torch.Tensor:
+        return self.forward_pass(input_ids, positions, mask, self.cache, last_only)
 
-    def _forward_causal(self, ids: torch.Tensor) -> torch.Tensor:
-        """Append plain new tokens after the cache, each seeing the cache and the tokens before it."""
+    def _forward_causal(self, ids: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """Append plain new tokens after the cache, each seeing the cache and the tokens before it;
+        the logits of every new token, or (`last_only`) of the last one."""
         positions = torch.arange(ids.shape[0], device=self.device) + self.cache.length
-        return self._forward(ids, positions, self._mask(positions, causal_visibility(ids.shape[0], self.device)))
+        visible = causal_visibility(ids.shape[0], self.device)
+        return self._forward(ids, positions, self._mask(positions, visible), last_only)
 
     def _accepted_by_source(self, placements: dict[int, Placement], nodes: list[int]) -> dict[str, int]:
         """How many of the emitted draft `nodes` (merged indices) each source had proposed."""
@@ -292,7 +296,7 @@ class TokenRecyclingDecoder:
                 self.rewind(self.cache.length + 1)  # the first token not cached becomes the pending one
                 raise PrefillStopped(start, len(ids))
             chunk = torch.tensor(ids[start:stop], dtype=torch.long, device=self.device)
-            logits = self._forward_causal(chunk)
+            logits = self._forward_causal(chunk, last_only=not learners)
             last_logits = logits[-1]
             if learners:
                 u0 = time.perf_counter()

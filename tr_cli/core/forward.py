@@ -17,6 +17,7 @@ Two paths, the same logits bit for bit:
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable
 
@@ -61,19 +62,29 @@ class ModelForward:
         self.model = model
         self.device = model.get_input_embeddings().weight.device
         self._cache_keyword = cache_keyword
+        # transformers' way of asking the head for the last rows only; a model without it computes all.
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     def __call__(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: Mask, cache: CompactingCache
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: Mask,
+        cache: CompactingCache,
+        last_only: bool = False,
     ) -> torch.Tensor:
+        keep = {"logits_to_keep": 1} if last_only and self._keeps_logits else {}
         out = self.model(
             input_ids=input_ids[None],
             attention_mask=mask,
             position_ids=positions[None],
             use_cache=True,
             **{self._cache_keyword: cache},
+            **keep,
         )
+        logits = out.logits[0, -1:] if last_only else out.logits[0]
         # With device_map="auto" the head may sit on another device than the embeddings.
-        return out.logits[0].to(self.device)
+        return logits.to(self.device)
 
 
 class LlamaFamilyForward:
@@ -117,13 +128,19 @@ class LlamaFamilyForward:
         return parts and functions and hasattr(model, "lm_head")
 
     def __call__(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: Mask, cache: CompactingCache
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: Mask,
+        cache: CompactingCache,
+        last_only: bool = False,
     ) -> torch.Tensor:
         hidden = self.embed(input_ids[None])
         cos, sin = self.rotary(hidden, positions[None])
+        rows = slice(-1, None) if last_only else slice(None)
         if self.whole_step is not None:
             masks = [mask[kind] for kind in self.layer_types] if isinstance(mask, dict) else [mask]
-            return self.head(self.whole_step(hidden, cos, sin, masks, cache))[0]
+            return self.head(self.whole_step(hidden, cos, sin, masks, cache)[:, rows])[0]
         for index, layer in enumerate(self.layers):
             attention = layer.self_attn
             layer_mask = mask[self.layer_types[index]] if isinstance(mask, dict) else mask
@@ -134,7 +151,7 @@ class LlamaFamilyForward:
                 output = self._attention(attention, index, states, cos, sin, layer_mask, cache)
             hidden = hidden + output
             hidden = hidden + self._mlp(layer.mlp, layer.post_attention_layernorm(hidden))
-        return self.head(self.norm(hidden))[0]
+        return self.head(self.norm(hidden[:, rows]))[0]
 
     def _attention(
         self,

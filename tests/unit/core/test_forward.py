@@ -108,3 +108,35 @@ def test_grouped_attention_is_transformers_sdpa_attention_bit_for_bit(dtype):
         assert torch.equal(grouped_sdpa(query, key, value, mask, 0.125), expected)
     assert not shares_kv_heads(query, torch.randn(1, 9, 10, 64), mask)  # one key head per query head
     assert not shares_kv_heads(query, key, {"full_attention": mask})
+
+
+@pytest.mark.parametrize(
+    ("arch", "weights"), [(arch, "float32") for arch in ARCHITECTURES] + [(arch, "int4") for arch in DIRECT]
+)
+def test_last_only_gives_the_last_rows_logits_and_the_same_cache(arch, weights, request):
+    """A prefill that nothing learns from needs the head on its last row only (the head over 200
+    prompt rows was a quarter of a SmolLM2 prefill): that row's logits, as transformers computes
+    them with logits_to_keep=1 (generate's prefill), and the same cache as a full forward."""
+    model = tiny_model(arch)
+    if weights == "int4":  # float32 int4: tr's kernels, the fused layers and the whole-step kernel
+        request.getfixturevalue("tr_kernels")
+        quantize(model, WeightsMode.parse(weights))
+    layout = AttentionLayout.from_config(model.config, torch.float32, "cpu")
+    ids = torch.tensor(random_prompt(30, 3))
+    positions = torch.arange(len(ids))
+    mask = layout.build(0, positions, causal_visibility(len(ids), "cpu"))
+    caches = [CompactingCache() for _ in range(3)]
+    with torch.inference_mode():
+        full = make_forward(model, "cache")(ids, positions, mask, caches[0])
+        last = make_forward(model, "cache")(ids, positions, mask, caches[1], last_only=True)
+        own = ModelForward(model, "cache")(ids, positions, mask, caches[2], last_only=True)
+    assert ModelForward(model, "cache")._keeps_logits
+    assert full.shape[0] == len(ids) and last.shape == own.shape == (1, full.shape[1])
+    assert torch.equal(last, own)
+    if weights == "int4":  # tr's kernels compute every row alone, whatever the other rows
+        assert torch.equal(last[0], full[-1])
+    else:  # BLAS may round one row through the head differently from the same row among thirty
+        torch.testing.assert_close(last[0], full[-1], rtol=1e-5, atol=1e-5)
+    for cache in caches[1:]:
+        for a, b in zip(caches[0].layers, cache.layers, strict=True):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
