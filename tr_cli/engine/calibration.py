@@ -13,7 +13,7 @@ import transformers
 from ..core import TokenRecyclingDecoder
 from ..core.design.cost_model import CostModel
 from ..errors import StoreError
-from ..models import device_name
+from ..models import device_name, native_kernels
 from ..models.weights import weights_mode
 from ..store.calibration import read_calibration, write_calibration
 from .cpu_load import OtherLoad
@@ -76,7 +76,9 @@ def calibration_key(
 ) -> str:
     """Everything t(N) depends on: device model, threads, torch and transformers versions, the
     model's shape, dtype, k and the forward path. Not the model's id or where its files are: the
-    same shape loaded from anywhere (a new TR_HOME, a copied checkpoint) reads the same measurement."""
+    same shape loaded from anywhere (a new TR_HOME, a copied checkpoint) reads the same measurement.
+    Where tr's kernels are loaded, also their build (source and instruction sets: TR_KERNELS=avx2 on
+    an AVX512-VNNI CPU is another cost curve)."""
     shape = json.dumps(model_shape(model), sort_keys=True)
     parts = [
         str(CALIBRATION_VERSION),
@@ -89,6 +91,7 @@ def calibration_key(
         str(dtype),
         str(k),
         forward,
+        native_kernels.build_id() or "",
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 

@@ -7,11 +7,11 @@ on AVX2 CPUs, so a draft tree costs what decoding its tokens one by one costs. t
 compute from float32 activations quantized per row to int8 (as llama.cpp does), with integer dot
 products whose rows share each unpacked weight group (benchmarks/matmul_kernels.py measures both).
 
-They need an x86-64 CPU with AVX2, FMA and F16C and a C++ compiler at run time (the package ships
-the source, not a binary built for someone else's CPU). `unavailable()` says cheaply, before
-anything loads, why they cannot run here; `load` compiles once per source, torch version and
-compiler into the cache dir (about 20 s, said through `status`) and loads the library into
-`torch.ops.tr_kernels`.
+They need an x86-64 CPU with AVX2, FMA and F16C (AVX512-VNNI's dot products are used where present)
+and a C++ compiler at run time (the package ships the source, not a binary built for someone
+else's CPU). `unavailable()` says cheaply, before anything loads, why they cannot run here;
+`load` compiles once per source, torch version, compiler and flags into the cache dir (about 20 s,
+said through `status`) and loads the library into `torch.ops.tr_kernels`.
 """
 
 from __future__ import annotations
@@ -37,8 +37,13 @@ NEEDED_FLAGS = ("avx2", "fma", "f16c")
 # OpenMP for at::parallel_for (torch's thread pool); the library links to no OpenMP runtime of its
 # own: its GOMP symbols resolve to the one torch already loaded, so both share one pool of threads.
 _COMPILE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-w")
+# Where the CPU has them, AVX512-VNNI's integer dot products (quantized_matmul.cpp; the same bits).
+VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
+_VNNI_COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 _LIBRARY = "tr_kernels.so"
-_OFF = "TR_KERNELS"  # TR_KERNELS=torch: use torch's kernels (a comparison, or a way around a bad build)
+# TR_KERNELS=torch: torch's kernels; TR_KERNELS=avx2: tr's without AVX-512 (comparisons, or a way
+# around a bad build).
+_OFF = "TR_KERNELS"
 
 _loaded: Path | None = None
 
@@ -68,8 +73,25 @@ def unavailable() -> str | None:
     return None
 
 
+def instruction_set() -> str:
+    """What the kernels are built with here: 'AVX512-VNNI' where the CPU has it, else 'AVX2'."""
+    flags = cpu_flags()
+    if os.environ.get(_OFF) != "avx2" and all(flag in flags for flag in VNNI_FLAGS):
+        return "AVX512-VNNI"
+    return "AVX2"
+
+
+def compile_flags() -> tuple[str, ...]:
+    return _COMPILE_FLAGS + (_VNNI_COMPILE_FLAGS if instruction_set() == "AVX512-VNNI" else ())
+
+
 def loaded() -> bool:
     return _loaded is not None
+
+
+def build_id() -> str | None:
+    """The loaded build's key (its source, torch, compiler and flags), or None when none is loaded."""
+    return None if _loaded is None else _loaded.parent.name
 
 
 def load(directory: Path, status: Status = quiet) -> Path:
@@ -102,7 +124,7 @@ def _build_key(torch_version: str) -> str:
     """The build's folder name: what the library depends on (source, torch, compiler, flags)."""
     digest = hashlib.sha256()
     sources = tuple(source.read_bytes() for source in (*SOURCES, *HEADERS))
-    parts = (*sources, torch_version.encode(), str(compiler()).encode(), " ".join(_COMPILE_FLAGS).encode())
+    parts = (*sources, torch_version.encode(), str(compiler()).encode(), " ".join(compile_flags()).encode())
     for part in parts:
         digest.update(part)
         digest.update(b"\0")
@@ -132,7 +154,7 @@ def _build(library: Path) -> None:
         objects = [Path(scratch) / f"{source.stem}.o" for source in SOURCES]
         out = Path(scratch) / _LIBRARY
         compile_steps = [
-            [cxx, *_COMPILE_FLAGS, abi, *includes, "-c", str(source), "-o", str(obj)]
+            [cxx, *compile_flags(), abi, *includes, "-c", str(source), "-o", str(obj)]
             for source, obj in zip(SOURCES, objects, strict=True)
         ]
         link = [cxx, "-shared", *map(str, objects), "-o", str(out), *libraries, *rpaths, "-lc10", "-ltorch_cpu"]

@@ -322,18 +322,18 @@ def test_auto_weights_follow_the_file(tmp_path, stored, expected):
     path = write_gguf(tmp_path / "tiny.gguf", matrices=stored)
     name = "F32" if stored is None else stored.name
     assert read_header(path).matmul_type == name and resolve_model(str(path)).stored_as == name
+    from tr_cli.models import native_kernels
+
     runtime = DecodingOptions.parse(model=str(path), device="cpu").runtime
+    native, torch_kernels = cpu_has_native_bf16(), native_kernels.unavailable() is not None
     assert runtime.weights.name == (
-        "dense" if expected == "dense" else expected + ("+bf16" if cpu_has_native_bf16() else "")
+        "dense" if expected == "dense" else expected + ("+bf16" if native and torch_kernels else "")
     )
     assert runtime.chosen_because == f"the file holds {name} weights"
     assert f"(the file holds {name} weights)" in runtime.describe()
-    from tr_cli.models import native_kernels
-
-    native = cpu_has_native_bf16()
     if expected == "dense":
         assert runtime.dtype == (torch.bfloat16 if native else torch.float32)
-    elif native or native_kernels.unavailable() is not None:  # torch's kernels, bfloat16
+    elif torch_kernels:  # bfloat16
         assert runtime.dtype == torch.bfloat16 and runtime.kernels.startswith("torch's kernels")
     else:  # tr's kernels compute in float32
         assert runtime.dtype == torch.float32 and runtime.describe().endswith("float32 on tr's kernels")
@@ -343,6 +343,24 @@ def test_auto_weights_follow_the_file(tmp_path, stored, expected):
         assert asked.chosen_because == f"{name} file; dtype float32 asked"
         chosen = DecodingOptions.parse(model=str(path), device="cpu", weights="dense").runtime
         assert chosen.weights.dense and chosen.chosen_because is None  # what the user named needs no reason
+
+
+@pytest.mark.parametrize("native_bf16", [False, True])
+@pytest.mark.parametrize("kernels_run", [False, True])
+def test_auto_weights_take_tr_kernels_wherever_they_run(monkeypatch, native_bf16, kernels_run):
+    """tr's kernels (float32, the file's int4 levels) are the default on every CPU they run on,
+    AVX512-BF16 and AMX ones too; only without them do the bfloat16 prompt weights come along."""
+    from tr_cli.models import native_kernels, runtime
+
+    monkeypatch.setattr(runtime, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(native_kernels, "unavailable", lambda: None if kernels_run else "no C++ compiler found")
+    chosen = Runtime.resolve("cpu", "auto", "auto", stored_as="Q4_1")
+    assert chosen.weights == WeightsMode("int4", native_bf16 and not kernels_run)
+    assert chosen.dtype == (torch.float32 if kernels_run else torch.bfloat16)
+    reason = "tr's kernels" if kernels_run else "torch's kernels: tr's cannot run here, no C++ compiler found"
+    assert chosen.kernels == reason
+    asked = Runtime.resolve("cpu", "bfloat16", "auto", stored_as="Q4_1")  # bfloat16 asked: torch's kernels
+    assert asked.weights == WeightsMode("int4", native_bf16) and asked.dtype == torch.bfloat16
 
 
 def test_auto_weights_rule_by_stored_type():

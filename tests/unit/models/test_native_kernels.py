@@ -2,6 +2,10 @@
 rows computed alone, GGUF's Q4_1/Q8_0 blocks kept bit for bit, operands checked, the row-exact
 attention against SDPA, and a build that fails or cannot run said in one line."""
 
+import os
+import subprocess
+import sys
+
 import gguf
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from gguf import quants
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
 from tr_cli.core.tree import PRESETS
 from tr_cli.models import native_kernels
+from tr_cli.models.cpu import cpu_flags
 from tr_cli.models.weights import Q4Linear, Q8Linear, quantize, weights_mode
 from tr_cli.models.weights_mode import WeightsMode
 
@@ -164,6 +169,44 @@ def test_token_recycling_equals_generate_on_a_model_on_tr_kernels(arch, mode):
         ids = random_prompt(length, seed)
         decoder.reset()
         assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
+
+
+_BUILD_OUTPUTS = """
+import sys, torch
+from pathlib import Path
+from tr_cli.models import native_kernels
+from tr_cli.models.cpu import cpu_flags
+from tr_cli.models.weights import Q4Linear, Q8Linear
+native_kernels.load(Path(sys.argv[1]))
+torch.manual_seed(5)
+layers = [kind.quantized(torch.randn(136, 320), torch.randn(136)) for kind in (Q4Linear, Q8Linear)]
+x = torch.randn(19, 320) * 4
+outputs = [layer(x[:rows]) for layer in layers for rows in (1, 7, 19)]
+torch.save([native_kernels.instruction_set(), *outputs], sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not set(native_kernels.VNNI_FLAGS) <= cpu_flags(), reason="the CPU has no AVX512-VNNI: one build only"
+)
+def test_the_avx512_vnni_build_gives_the_avx2_builds_bits(tmp_path):
+    """The VNNI dot products only regroup exact integer sums: switching the build (a new machine,
+    TR_KERNELS=avx2) must not change one output bit, or a calibrated matrix and the lossless
+    promise would depend on the CPU's instruction sets."""
+    outputs = {}
+    for variant in ("AVX512-VNNI", "AVX2"):
+        env = {key: value for key, value in os.environ.items() if key != "TR_KERNELS"}
+        if variant == "AVX2":
+            env["TR_KERNELS"] = "avx2"
+        path = tmp_path / f"{variant}.pt"
+        script = [sys.executable, "-c", _BUILD_OUTPUTS, str(tmp_path / variant), str(path)]
+        done = subprocess.run(script, env=env, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        outputs[variant] = torch.load(path)
+        assert outputs[variant][0] == variant
+    for vnni, avx2 in zip(outputs["AVX512-VNNI"][1:], outputs["AVX2"][1:], strict=True):
+        assert torch.equal(vnni, avx2)
 
 
 def test_why_the_kernels_cannot_run_is_said(monkeypatch):
