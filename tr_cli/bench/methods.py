@@ -253,7 +253,10 @@ def _constraints(engine: Engine) -> ConstraintOf:
     """Constraints for structured prompts, from one grammar compiler built on first use."""
     from ..text.schema_option import grammar_constraints
 
-    return grammar_constraints(engine.loaded, "structured prompts cannot be benchmarked on this model")
+    loaded = engine.loaded
+    return grammar_constraints(
+        loaded.tokenizer, loaded.model, loaded.eos_token_ids, "structured prompts cannot be benchmarked on this model"
+    )
 
 
 def model_of(engine: Engine, method: Method) -> torch.nn.Module:

@@ -128,7 +128,9 @@ def _constraints(loaded: LoadedModel, grammar: Grammar) -> Callable[[], GrammarC
     built here, so that a grammar the engine refuses for this tokenizer stops before any decoding."""
     from ..text.schema_option import grammar_constraints
 
-    constraint_of = grammar_constraints(loaded, "--schema/--json cannot be used with this model")
+    constraint_of = grammar_constraints(
+        loaded.tokenizer, loaded.model, loaded.eos_token_ids, "--schema/--json cannot be used with this model"
+    )
     constraint_of(grammar)
     return lambda: constraint_of(grammar)
 

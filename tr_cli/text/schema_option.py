@@ -5,7 +5,7 @@ constraints that enforce grammars on a loaded model (`tr generate`, `tr bench`).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -14,7 +14,8 @@ from .grammar import Grammar, GrammarError
 from .prompts import read_utf8
 
 if TYPE_CHECKING:
-    from ..models import LoadedModel
+    import torch
+
     from .grammar import GrammarConstraint
 
 
@@ -44,7 +45,9 @@ def reply_grammar(schema: str | None, json_object: bool) -> Grammar | None:
         raise UserError(f"{exc}; fix the schema") from None
 
 
-def grammar_constraints(loaded: LoadedModel, refused: str) -> Callable[[Grammar], GrammarConstraint]:
+def grammar_constraints(
+    tokenizer: object, model: torch.nn.Module, stop_ids: Iterable[int], refused: str
+) -> Callable[[Grammar], GrammarConstraint]:
     """Fresh constraints in a grammar's initial state, from one compiler built on first use for
     this model's tokenizer and output vocabulary. A tokenizer or grammar llguidance refuses is a
     one-line UserError ending in `refused` (what the user cannot do, e.g. "--schema cannot be used
@@ -58,7 +61,7 @@ def grammar_constraints(loaded: LoadedModel, refused: str) -> Callable[[Grammar]
         nonlocal compiler
         try:
             if compiler is None:
-                compiler = GrammarCompiler(loaded.tokenizer, output_vocab_size(loaded.model), loaded.eos_token_ids)
+                compiler = GrammarCompiler(tokenizer, output_vocab_size(model), stop_ids)
             return compiler.constraint(grammar)
         except GrammarError as exc:
             raise UserError(f"{exc}; {refused}") from None
