@@ -124,14 +124,13 @@ def generate(
 
 
 def _constraints(loaded: LoadedModel, grammar: Grammar) -> Callable[[], GrammarConstraint]:
-    """Fresh constraints in the grammar's initial state (tr's reply, then --compare's); the first is
-    built here, so that a grammar the engine refuses for this tokenizer stops before any decoding."""
+    """Fresh constraints in the grammar's initial state (tr's reply, then --compare's); the reply's
+    is built before any decoding, so a grammar refused for this tokenizer stops there."""
     from ..text.schema_option import grammar_constraints
 
     constraint_of = grammar_constraints(
         loaded.tokenizer, loaded.model, loaded.eos_token_ids, "--schema/--json cannot be used with this model"
     )
-    constraint_of(grammar)
     return lambda: constraint_of(grammar)
 
 
