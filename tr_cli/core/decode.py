@@ -42,7 +42,7 @@ from .step_scope import decoding_step
 from .stopping import StopCondition
 from .tree import PRESETS, TreeSpec
 from .tree_buffers import TreeBuffers
-from .verify import Acceptance, TopCandidates, constrained_greedy_accept, greedy_accept
+from .verify import ROW_TOPK, Acceptance, RowTopK, TopCandidates, constrained_greedy_accept, greedy_accept
 
 PREFILL_CHUNK = 512
 
@@ -129,6 +129,7 @@ class TokenRecyclingDecoder:
         dtype = next(model.parameters()).dtype
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
         self.forward_pass = make_forward(model, _cache_keyword(model))
+        self.row_topk: RowTopK | None = getattr(model, ROW_TOPK, None)  # a faster top-k (verify.py)
         self.set_sampling(sampling)
         self.set_logprobs(None)
         self.constraint: TokenConstraint | None = None
@@ -300,7 +301,7 @@ class TokenRecyclingDecoder:
             last_logits = logits[-1]
             if learners:
                 u0 = time.perf_counter()
-                top = TopCandidates.of(logits, self.k)
+                top = TopCandidates.of(logits, self.k, self.row_topk)
                 verification = Verification(chunk, top.indices, None, None)
                 for drafter in learners:
                     drafter.learn(verification, None)
@@ -364,7 +365,8 @@ class TokenRecyclingDecoder:
         with decoding_step():
             logits = self._forward(tokens, positions, mask)
         t2 = time.perf_counter()
-        top = TopCandidates.of(logits, self.k)  # one top-k serves acceptance and the matrix update
+        # One top-k serves acceptance and the matrix update.
+        top = TopCandidates.of(logits, self.k, self.row_topk)
         if self.sampler:  # the exact sampling walk (sampling.py); the conversation is its context
             acceptance = self.sampler.accept(tokens, logits, buffers, self.tokens, self.constraint)
         elif self.constraint is not None:
@@ -375,7 +377,7 @@ class TokenRecyclingDecoder:
         emitted = [*acceptance.tokens, acceptance.bonus]
         logprobs = self._logprobs(logits, [0, *acceptance.nodes], emitted)
         t3 = time.perf_counter()
-        self._learn(Verification(tokens, top.indices, acceptance.correct, buffers), placements)
+        self._learn(Verification(tokens, top.indices, acceptance.correct, buffers, acceptance.right_paths), placements)
         t4 = time.perf_counter()
         self.merge.observe(t4 - t0, len(acceptance.nodes), buffers.size - 1)
         timings = StepTimings(draft=t1 - t0, forward=t2 - t1, verify=t3 - t2, update=t4 - t3)
@@ -399,7 +401,7 @@ class TokenRecyclingDecoder:
             def run_step(n: int) -> None:
                 with decoding_step():
                     logits = self._forward_causal(ids[context : context + n])
-                top = TopCandidates.of(logits, self.k)
+                top = TopCandidates.of(logits, self.k, self.row_topk)
                 top.argmax(logits).cpu()  # waits for the device
                 self.cache.crop(context)
 

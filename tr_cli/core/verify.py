@@ -18,7 +18,17 @@ class Acceptance:
     nodes: list[int]  # tree node indices, excluding the root
     tokens: list[int]  # their tokens
     bonus: int  # the model's next token after the accepted path
-    correct: torch.Tensor | None = None  # (n+1,) bool on the device: node equals its parent's choice
+    # (n+1,) bool on the device: node equals its parent's choice. Nodes under a wrong one may read
+    # either way (a walk never looks at them): learners only count nodes whose path is right.
+    correct: torch.Tensor | None = None
+    right_paths: list[bool] | None = None  # per node, its whole path is right: where found on the host
+
+
+# A model may carry a faster top-k of its logits under this attribute (models/ attaches tr's kernel):
+# `select(logits (rows, V), k) -> (values, indices)`, best first, equal values by smaller index and
+# NaN above all, so that column 0 is exactly `argmax`.
+ROW_TOPK = "tr_row_topk"
+RowTopK = Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -27,9 +37,13 @@ class TopCandidates:
 
     values: torch.Tensor  # (n+1, k) best first
     indices: torch.Tensor  # (n+1, k) long
+    first_is_argmax: bool = False  # ties ordered by index (a RowTopK's order): column 0 is the argmax
 
     @classmethod
-    def of(cls, logits: torch.Tensor, k: int) -> TopCandidates:
+    def of(cls, logits: torch.Tensor, k: int, select: RowTopK | None = None) -> TopCandidates:
+        """torch.topk's, or `select`'s where given and it takes these logits (float32, 2-D)."""
+        if select is not None and logits.dtype == torch.float32 and logits.dim() == 2:
+            return cls(*select(logits, k), first_is_argmax=True)
         values, indices = torch.topk(logits, k, dim=-1, sorted=True)
         return cls(values, indices)
 
@@ -40,6 +54,8 @@ class TopCandidates:
         smallest index wins. Only when all k entries tie (more ties may lie beyond k) does a row
         fall back to a full argmax; that costs a host check, which is free on the CPU.
         """
+        if self.first_is_argmax:
+            return self.indices[:, 0]
         best = self.values[:, :1]
         tied = self.values == best
         big = torch.iinfo(torch.long).max
@@ -62,15 +78,45 @@ def greedy_accept(
     """Longest root-to-node path whose every token equals its parent's argmax.
 
     tree_tokens: (n+1,), logits: (n+1, V); `predicted` (the argmax per node) may be given when it
-    was computed already. All comparison work stays on the device; one small transfer at the end is
-    the step's only host sync.
+    was computed already. On an accelerator all comparison work stays on the device and one small
+    transfer at the end is the step's only host sync; on the CPU it is a walk over lists.
     """
     if predicted is None:
         predicted = logits.argmax(dim=-1)  # (n+1,) the model's greedy choice after each node
+    if buffers.size == 1:  # nothing drafted: plain decoding
+        return Acceptance(nodes=[], tokens=[], bonus=int(predicted[0]), correct=predicted.new_ones(1, dtype=torch.bool))
+    if tree_tokens.device.type == "cpu":  # no transfer to save: a pass over lists beats ~15 small tensor ops
+        return accept_on_host(tree_tokens.tolist(), predicted.tolist(), buffers)
+    return accept_on_device(tree_tokens, predicted, buffers)
+
+
+def accept_on_host(tokens: list[int], predicted: list[int], buffers: TreeBuffers) -> Acceptance:
+    """greedy_accept over lists: one pass in node order (parents come first) marks the nodes whose
+    whole path is right; the deepest of them, the first in node order among equals, ends the
+    accepted path. `correct` is that mark (learners count only nodes whose path is right)."""
+    parents, depths = buffers.spec.parents, buffers.spec.depths
+    right = [True] + [False] * (len(tokens) - 1)
+    last = 0
+    for node in range(1, len(tokens)):
+        parent = parents[node]
+        if right[parent] and tokens[node] == predicted[parent]:
+            right[node] = True
+            if depths[node] > depths[last]:
+                last = node
+    nodes = []
+    node = last
+    while node:
+        nodes.append(node)
+        node = parents[node]
+    nodes.reverse()
+    correct = torch.tensor(right, dtype=torch.bool)
+    return Acceptance(nodes, [tokens[i] for i in nodes], predicted[last], correct, right_paths=right)
+
+
+def accept_on_device(tree_tokens: torch.Tensor, predicted: torch.Tensor, buffers: TreeBuffers) -> Acceptance:
+    """greedy_accept's longest right path found with tensor ops on the device, one transfer at the end."""
     correct = tree_tokens == predicted[buffers.parents]
     correct[0] = True
-    if buffers.size == 1:  # nothing drafted: plain decoding
-        return Acceptance(nodes=[], tokens=[], bonus=int(predicted[0]), correct=correct)
     # Index n+1 pads short leaf paths and is never correct.
     padded = torch.cat([correct, correct.new_zeros(1)])
     on_path = padded[buffers.leaf_paths].to(torch.int8)  # (leaves, D)

@@ -1,6 +1,7 @@
 """tr's own kernels, compiled for this machine on first use: int4/int8 matmuls (quantized_matmul.cpp),
-the row-exact attention that goes with them (row_attention.cpp, row_attention.py) and a Llama-family
-layer's parts built on both (fused_layers.cpp, fused_layers.py).
+the row-exact attention that goes with them (row_attention.cpp, row_attention.py), a Llama-family
+layer's parts built on both (fused_layers.cpp, fused_layers.py) and verification's per-row top-k
+(row_topk.cpp).
 
 torch's weight-only CPU kernels take bfloat16 activations and cost about one extra token per row
 on AVX2 CPUs, so a draft tree costs what decoding its tokens one by one costs. tr's kernels
@@ -30,7 +31,7 @@ from .progress import Status, quiet
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("quantized_matmul.cpp", "row_attention.cpp", "fused_layers.cpp", "fused_step.cpp")
+    for name in ("quantized_matmul.cpp", "row_attention.cpp", "fused_layers.cpp", "fused_step.cpp", "row_topk.cpp")
 )
 HEADERS = (Path(__file__).with_name("tr_kernels.h"),)
 NEEDED_FLAGS = ("avx2", "fma", "f16c")
@@ -118,6 +119,14 @@ def load(directory: Path, status: Status = quiet) -> Path:
         ) from None
     _loaded = library
     return library
+
+
+def row_topk(logits, k: int):
+    """The k largest of each row of float32 `logits` (rows, V) and their indices, best first, equal
+    values by smaller index (row_topk.cpp): core/verify.py's RowTopK, on the loaded kernels."""
+    import torch
+
+    return torch.ops.tr_kernels.row_topk(logits, k)
 
 
 def _build_key(torch_version: str) -> str:

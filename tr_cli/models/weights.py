@@ -43,6 +43,7 @@ from torch import nn
 
 from ..core.forward import FUSED_GATE_UP, FUSED_QKV
 from ..core.step_scope import in_decoding_step
+from ..core.verify import ROW_TOPK
 from ..errors import SettingError
 from . import native_kernels
 from .device import dtype_name
@@ -433,8 +434,10 @@ def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
         layer.head = module is head
         setattr(parent, child, layer)
         layers += 1
-    if issubclass(kind, _NativeLinear) and use_row_attention(model):
-        fuse_layers(model)
+    if issubclass(kind, _NativeLinear):
+        setattr(model, ROW_TOPK, native_kernels.row_topk)  # its logits are float32: verification's top-k
+        if use_row_attention(model):
+            fuse_layers(model)
     return Quantized(mode, layers, kept)
 
 

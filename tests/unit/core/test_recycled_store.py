@@ -60,6 +60,24 @@ def test_conversations_indexed_as_they_join_answer_as_one_index_over_all():
                 assert growing.continuations(context, 6, limit) == whole.continuations(context, 6, limit)
 
 
+def test_parts_merge_as_a_binary_counter_carries():
+    """Conversations of one size joining one by one: the newest parts merge while the one before is
+    at most twice the newcomer, so 64 of them leave at most log2(64) + 1 parts, never one per
+    conversation, and the answers stay those of a store indexed whole."""
+    g = torch.Generator().manual_seed(9)
+    docs = [torch.randint(0, 7, (30,), generator=g).tolist() for _ in range(64)]
+    growing = RecycledStore(vocab_size=7)
+    most = 0
+    for stamp, doc in enumerate(docs):
+        growing.add(doc, stamp)
+        growing.continuations(doc[:9], 4, 2)  # a lookup indexes what joined
+        most = max(most, len(growing._parts))
+    assert 2 <= most <= 7
+    whole = RecycledStore(vocab_size=7, documents=list(growing.documents))
+    for doc in docs[::7]:
+        assert growing.continuations(doc[3:12], 5, 8) == whole.continuations(doc[3:12], 5, 8)
+
+
 def test_latest_first_and_no_crossing_between_conversations():
     store = RecycledStore(vocab_size=50)
     store.add([1, 2, 3, 4, 5, 6, 7, 8], stamp=1)

@@ -1,5 +1,6 @@
 """greedy_accept: the longest root-to-node path whose every token equals the model's argmax after
-its parent, plus the bonus token (the argmax after the last accepted node)."""
+its parent, plus the bonus token (the argmax after the last accepted node). Every case runs both
+ways it is computed: a pass over lists (CPU) and tensor ops (accelerators)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 import torch
 
 from tr_cli.core import PRESETS, TreeBuffers, TreeSpec
-from tr_cli.core.verify import greedy_accept
+from tr_cli.core.verify import accept_on_device, greedy_accept
 
 V = 64
 
@@ -31,12 +32,23 @@ def logits_with_argmax(argmax: list[int], vocab: int = V) -> torch.Tensor:
     return logits
 
 
-def run(tokens: list[int], argmax: list[int], spec: TreeSpec = SMALL):
-    buffers = TreeBuffers.build(spec)
-    return greedy_accept(torch.tensor(tokens), logits_with_argmax(argmax), buffers)
+@pytest.fixture(params=["lists", "tensors"])
+def accept(request):
+    """greedy_accept as the CPU computes it, or with the tensor ops an accelerator's path takes."""
+    if request.param == "lists":
+        return greedy_accept
+    return lambda tokens, logits, buffers: accept_on_device(tokens, logits.argmax(-1), buffers)
 
 
-def test_nothing_accepted():
+@pytest.fixture()
+def run(accept):
+    def run(tokens: list[int], argmax: list[int], spec: TreeSpec = SMALL):
+        return accept(torch.tensor(tokens), logits_with_argmax(argmax), TreeBuffers.build(spec))
+
+    return run
+
+
+def test_nothing_accepted(run):
     """No child of the root matches the root's argmax: nothing accepted, bonus = root argmax."""
     #         root n1  n2  n3  n4  n5  n6
     tokens = [10, 11, 12, 13, 14, 15, 16]
@@ -48,7 +60,7 @@ def test_nothing_accepted():
     assert (acc.tokens + [acc.bonus]) == [40]
 
 
-def test_longest_path_wins_over_shallower_correct_branch():
+def test_longest_path_wins_over_shallower_correct_branch(run):
     """n1 and n2 both match the root (same token); n2->n5 is correct (depth 2) but n1->n3->n6
     is correct to depth 3 and must win."""
     tokens = [10, 20, 20, 30, 31, 32, 40]
@@ -60,7 +72,7 @@ def test_longest_path_wins_over_shallower_correct_branch():
     assert (acc.tokens + [acc.bonus]) == [20, 30, 40, 60]
 
 
-def test_longest_path_wins_when_listed_second():
+def test_longest_path_wins_when_listed_second(run):
     """Same as above with the deep branch under slot 1, so the shallow one comes first in BFS order."""
     # 1=[0] 2=[1] 3=[0,0] 4=[1,0] 5=[1,0,0]
     spec = TreeSpec.from_paths("t", [[0], [1], [0, 0], [1, 0], [1, 0, 0]])
@@ -73,7 +85,7 @@ def test_longest_path_wins_when_listed_second():
     assert acc.bonus == 8
 
 
-def test_partial_path_stops_at_first_mismatch():
+def test_partial_path_stops_at_first_mismatch(run):
     """n1 correct, n3 wrong: accept only n1; bonus is the argmax after n1."""
     tokens = [10, 20, 21, 30, 31, 32, 40]
     argmax = [20, 33, 0, 40, 0, 0, 60]
@@ -83,7 +95,7 @@ def test_partial_path_stops_at_first_mismatch():
     assert acc.bonus == 33
 
 
-def test_full_depth_accepted():
+def test_full_depth_accepted(run):
     """The whole deepest chain is right: accept all three, bonus after the leaf."""
     tokens = [10, 20, 21, 30, 31, 32, 40]
     argmax = [20, 30, 0, 40, 0, 0, 55]
@@ -93,7 +105,7 @@ def test_full_depth_accepted():
     assert acc.bonus == 55
 
 
-def test_duplicate_siblings_same_tokens_either_way():
+def test_duplicate_siblings_same_tokens_either_way(run):
     """n1 and n2 carry the same token and both are right, and so are their children n3 and n5
     (again the same token): either branch gives the same accepted tokens and bonus."""
     tokens = [10, 20, 20, 30, 31, 30, 41]
@@ -104,7 +116,7 @@ def test_duplicate_siblings_same_tokens_either_way():
     assert acc.bonus == 40
 
 
-def test_correct_child_of_wrong_parent_not_accepted():
+def test_correct_child_of_wrong_parent_not_accepted(run):
     """n3 and n6 match their parents' argmax, but n1 is wrong: none of them may be accepted."""
     tokens = [10, 21, 22, 30, 31, 32, 40]
     argmax = [20, 30, 32, 40, 0, 0, 60]
@@ -114,7 +126,7 @@ def test_correct_child_of_wrong_parent_not_accepted():
     assert acc.bonus == 20
 
 
-def test_correct_grandchild_under_wrong_middle_not_accepted():
+def test_correct_grandchild_under_wrong_middle_not_accepted(run):
     """n1 right, n3 wrong, n6 matches n3's argmax: accept only n1."""
     tokens = [10, 20, 21, 35, 31, 32, 40]
     argmax = [20, 30, 0, 40, 0, 0, 60]
@@ -131,7 +143,7 @@ def _chain(spec: TreeSpec, i: int) -> list[int]:
     return out[::-1]
 
 
-def test_paper_tree_deepest_leaf():
+def test_paper_tree_deepest_leaf(accept):
     """On the paper tree with distinct tokens, making one depth-6 chain correct accepts exactly it."""
     spec = PRESETS["paper"]
     n = spec.size
@@ -146,7 +158,7 @@ def test_paper_tree_deepest_leaf():
         prev = node
     argmax[leaf] = 7
     buffers = TreeBuffers.build(spec)
-    acc = greedy_accept(torch.tensor(tokens), logits_with_argmax(argmax, 1200), buffers)
+    acc = accept(torch.tensor(tokens), logits_with_argmax(argmax, 1200), buffers)
     assert acc.nodes == chain
     assert acc.tokens == [tokens[i] for i in chain]
     assert acc.bonus == 7
@@ -165,7 +177,7 @@ def _reference_best_length(spec: TreeSpec, tokens: list[int], argmax: list[int])
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_random_against_reference(seed):
+def test_random_against_reference(seed, accept):
     """Random small-vocabulary trees on the paper spec: the result is a valid, maximal accepted chain."""
     spec = PRESETS["paper"]
     g = torch.Generator().manual_seed(seed)
@@ -173,7 +185,7 @@ def test_random_against_reference(seed):
     tokens = torch.randint(0, vocab, (spec.size + 1,), generator=g)
     logits = torch.randn(spec.size + 1, vocab, generator=g)
     argmax = logits.argmax(-1).tolist()
-    acc = greedy_accept(tokens, logits, TreeBuffers.build(spec))
+    acc = accept(tokens, logits, TreeBuffers.build(spec))
     tok = tokens.tolist()
     assert len(acc.nodes) == _reference_best_length(spec, tok, argmax)
     prev = 0

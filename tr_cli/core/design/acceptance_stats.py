@@ -3,8 +3,8 @@
 A node at depth d taking slot s of its parent's row is "tried" when every ancestor was right (the
 root counts as right) and "hit" when it also equals its parent's greedy choice. hits/trials
 estimates p(d, s), the chance the node extends an accepted path; the expected accepted length of a
-tree is then the sum over its nodes of the product of p along the node's path. Counting happens on
-the device with one index_add per step (no host sync).
+tree is then the sum over its nodes of the product of p along the node's path. Counting takes the
+step's right paths from the host (a step's learners share them) and two index_adds.
 
 Acceptance runs in streaks (text that flows, text that does not), so the table is kept per
 context: how many drafts the previous step accepted (0, 1, 2 or more). Measured here on SmolLM2
@@ -54,6 +54,7 @@ class AcceptanceStats:
         prior = torch.tensor(default_prior(k, max_depth), dtype=COUNT_DTYPE, device=device).flatten()
         self.prior = prior.repeat(CONTEXTS)
         self._cells: BoundedCache[tuple[torch.Tensor, torch.Tensor]] = BoundedCache()
+        self._host_cells: BoundedCache[tuple[list[int], list[int]]] = BoundedCache()
         self._records = 0
 
     def _cells_of(self, buffers: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,21 +69,37 @@ class AcceptanceStats:
 
         return self._cells.get(buffers.spec, build)
 
+    def _host_cells_of(self, buffers: TreeBuffers) -> tuple[list[int], list[int]]:
+        """_cells_of as lists, cached per tree."""
+        return self._host_cells.get(buffers.spec, lambda: tuple(t.tolist() for t in self._cells_of(buffers)))
+
     def record(self, buffers: TreeBuffers, correct: torch.Tensor, context: int = NEUTRAL_CONTEXT) -> None:
         """Count one verification drafted in `context`: correct[i] = node i equals its parent's
         greedy choice."""
-        nodes, cells = self._cells_of(buffers)
-        cells = cells + context * self._cell_count
-        if nodes.numel() == 0:
-            return
         wrong = ~correct
         wrong[0] = False
         # A node's path is right when no node in it (itself and its ancestors) is wrong.
-        path_right = ~(buffers.ancestor_mask & wrong[None, :]).any(dim=1)
-        tried = path_right[buffers.parents[nodes]]
-        hit = tried & correct[nodes]
-        self.trials.index_add_(0, cells, tried.to(self.trials.dtype))
-        self.hits.index_add_(0, cells, hit.to(self.hits.dtype))
+        self.record_paths(buffers, (~(buffers.ancestor_mask & wrong[None, :]).any(dim=1)).tolist(), context)
+
+    def record_paths(self, buffers: TreeBuffers, right: list[bool], context: int = NEUTRAL_CONTEXT) -> None:
+        """Count one verification drafted in `context`: right[i] = node i and all its ancestors are
+        right (what a step's learners share, on the host). A matrix node is tried when its parent's
+        path is right and hit when its own is: two index_adds, built from lists (a tree has a few
+        nodes: list work beats a dozen tensor ops)."""
+        nodes, cells = self._host_cells_of(buffers)
+        parents, offset = buffers.spec.parents, context * self._cell_count
+        tried = [cell + offset for node, cell in zip(nodes, cells, strict=True) if right[parents[node]]]
+        if not tried:
+            return
+        hit = [cell + offset for node, cell in zip(nodes, cells, strict=True) if right[node]]
+        device = self.trials.device
+        self.trials.index_add_(
+            0, torch.tensor(tried, device=device), torch.ones(len(tried), dtype=COUNT_DTYPE, device=device)
+        )
+        if hit:
+            self.hits.index_add_(
+                0, torch.tensor(hit, device=device), torch.ones(len(hit), dtype=COUNT_DTYPE, device=device)
+            )
         self._records += 1
         if self._records % 256 == 0 and bool(self._first_cells().sum() > DECAY_AT):  # a rare host sync
             self.hits /= 2

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 CALIBRATION_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 64, 80, 96, 128)
+_TABLE_SIZES = 512  # t(n) looked up, not interpolated, up to here
 
 
 @dataclass(frozen=True)
@@ -29,9 +30,16 @@ class CostModel:
             raise ValueError("cost model: sizes must be distinct, increasing and positive")
         if any(not s > 0 for s in self.seconds):
             raise ValueError("cost model: times must be positive")
+        # Planners ask for t(n) dozens of times a step: sizes up to the last measured one are a lookup.
+        table = [self._interpolated(n) for n in range(min(self.sizes[-1], _TABLE_SIZES) + 1)]
+        object.__setattr__(self, "_table", table)
 
     def time(self, n: int) -> float:
         """Estimated seconds for a step over n tokens (root + draft nodes)."""
+        table = self._table
+        return table[n] if 0 <= n < len(table) else self._interpolated(n)
+
+    def _interpolated(self, n: int) -> float:
         xs, ys = self.sizes, self.seconds
         if n <= xs[0]:
             return ys[0]

@@ -42,10 +42,13 @@ class Verification:
     candidates: torch.Tensor  # (N+1, k) long: the model's top-k after each node, best first
     correct: torch.Tensor | None  # (N+1,) bool: node's token is what the model chose after its parent
     tree: TreeBuffers | None  # the merged tree's buffers; None at the prefill
+    known_right_paths: list[bool] | None = None  # right_paths, where verification found them already
 
     @cached_property
     def right_paths(self) -> list[bool]:
         """Per merged node, whether it and all its ancestors are right (the root is); on the host."""
+        if self.known_right_paths is not None:
+            return self.known_right_paths
         wrong = ~self.correct
         wrong[0] = False
         return (~(self.tree.ancestor_mask & wrong[None, :]).any(dim=1)).tolist()

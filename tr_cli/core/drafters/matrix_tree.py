@@ -102,7 +102,7 @@ class MatrixTreeDrafter(Drafter):
             return
         if placement is not None and verification.correct is not None:
             # The merged tree's matrix nodes are this drafter's verified ones, with their slots.
-            self.acceptance.record(verification.tree, verification.correct, self.context)
+            self.acceptance.record_paths(verification.tree, verification.right_paths, self.context)
         if verification.correct is not None:
             self.context = context_of(sum(verification.right_paths) - 1)
         if self.auto is not None:
