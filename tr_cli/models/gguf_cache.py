@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -47,14 +48,34 @@ def _check_room(path: Path, root: Path) -> int:
     return needed
 
 
+def _tie_sources_only(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The state dict without the targets of the model's weight ties (lm_head.weight, tied to
+    model.embed_tokens.weight), or None where tensors are shared otherwise. Loading, transformers
+    reads each tie's source and points its targets at it; with the target saved instead (what
+    safetensors' save_model keeps: the first name in sorted order) it fills the missing source
+    with random values before tying it, at every start (0.15 s for SmolLM2's embedding)."""
+    state = model.state_dict()
+    expand = getattr(model, "get_expanded_tied_weights_keys", None)  # {target: source}
+    for target, source in (expand(all_submodels=True) if expand else {}).items():
+        if target in state and source in state and state[target].data_ptr() == state[source].data_ptr():
+            del state[target]
+    storages = {tensor.untyped_storage().data_ptr() for tensor in state.values()}
+    return state if len(storages) == len(state) else None
+
+
 def _save_plain_checkpoint(model: torch.nn.Module, directory: Path) -> None:
     """Weights (safetensors), config and generation config, without the GGUF quantizer marker
     (transformers refuses save_pretrained on a model loaded from GGUF)."""
     from safetensors import SafetensorError
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file, save_model
 
+    file, metadata = str(directory / "model.safetensors"), {"format": "pt"}
+    state = _tie_sources_only(model)
     try:
-        save_model(model, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        if state is None:  # shared tensors no tie explains: save_model picks the names to keep
+            save_model(model, file, metadata=metadata)
+        else:
+            save_file({name: tensor.contiguous() for name, tensor in state.items()}, file, metadata=metadata)
     except SafetensorError as exc:
         # safetensors reports a failed write as its own error, the OS's in the text: "... (os error 28)"
         code = re.search(r"\(os error (\d+)\)", str(exc))
@@ -66,6 +87,24 @@ def _save_plain_checkpoint(model: torch.nn.Module, directory: Path) -> None:
         del config.quantization_config
     config.save_pretrained(directory)
     model.generation_config.save_pretrained(directory)
+
+
+_ADDED_TOKEN_FIELDS = ("content", "single_word", "lstrip", "rstrip", "normalized", "special")
+
+
+def _save_tokenizer(tokenizer, directory: Path) -> None:
+    """The tokenizer's files, its added tokens listed in tokenizer_config.json as well. transformers
+    leaves them out there for a tokenizers-backed tokenizer, and loading one without them parses
+    the whole tokenizer.json in Python to find them (0.15 s of each SmolLM2 start)."""
+    tokenizer.save_pretrained(directory)
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if "added_tokens_decoder" not in config:
+        config["added_tokens_decoder"] = {
+            str(index): {field: getattr(token, field) for field in _ADDED_TOKEN_FIELDS}
+            for index, token in sorted(tokenizer.added_tokens_decoder.items())
+        }
+        path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def gguf_checkpoint(path: Path, root: Path, status: Status) -> Path:
@@ -97,7 +136,7 @@ def gguf_checkpoint(path: Path, root: Path, status: Status) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=root))
         try:
             _save_plain_checkpoint(model, tmp)
-            tokenizer.save_pretrained(tmp)
+            _save_tokenizer(tokenizer, tmp)
             (tmp / "SOURCE").write_text(f"{path.resolve()}\nsha256 {digest}\n")
             try:
                 os.rename(tmp, target)  # atomic: a reader sees no checkpoint or a whole one

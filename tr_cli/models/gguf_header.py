@@ -208,15 +208,31 @@ def _parse(buf, file_size: int) -> GGUFHeader:
     return GGUFHeader(version, values, array_lengths, tuple(tensors), data_start, file_size)
 
 
+# Headers parsed in this process, by file version (read_header): a start resolves its model twice
+# (its options, then its load), and a big vocabulary's header takes ~60 ms to parse.
+_PARSED: dict[tuple[int, ...], GGUFHeader] = {}
+_PARSED_KEPT = 8
+
+
 def read_header(path: Path) -> GGUFHeader:
-    """The header (metadata and tensor table) of a GGUF file, without reading its tensor data."""
+    """The header (metadata and tensor table) of a GGUF file, without reading its tensor data;
+    parsed once per version of the file (device, inode, size, modification and change times) in
+    this process, so callers share the result and must not modify it."""
     with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if size == 0:
+        stat = os.fstat(f.fileno())
+        version = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        header = _PARSED.get(version)
+        if header is not None:
+            return header
+        if stat.st_size == 0:
             raise GGUFError("file is empty (an interrupted download?)")
         # Mapped, not read: only the header's pages are touched, however big the file.
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse(buf, size)
+            header = _parse(buf, stat.st_size)
+    _PARSED[version] = header
+    while len(_PARSED) > _PARSED_KEPT:
+        del _PARSED[next(iter(_PARSED))]  # the oldest
+    return header
 
 
 def file_sha256(path: Path, memo_file: Path | None = None, hashing: Callable[[], None] | None = None) -> str:

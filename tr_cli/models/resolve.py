@@ -67,11 +67,19 @@ def _missing_parts(header: GGUFHeader) -> list[str]:
     return problems
 
 
+def _supported_architectures() -> list[str]:
+    """The GGUF architectures transformers' GGUF loader converts (with 'general' and 'tokenizer',
+    its other metadata sections): `modeling_gguf_pytorch_utils.GGUF_SUPPORTED_ARCHITECTURES`, which
+    is this mapping's keys, read where it is defined. That module also imports transformers' GGUF
+    tokenizer converters, which a start on an already converted checkpoint never uses."""
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    return list(GGUF_CONFIG_MAPPING)
+
+
 def _check_gguf(path: Path, arg: str, refetch: str = "download it again") -> GGUFHeader:
     """Refuse a GGUF that cannot be converted, from its header alone (a fraction of a second);
     the header of one that can. `refetch`: how to get a whole copy."""
-    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
-
     try:
         header = read_header(path)
     except GGUFError as exc:
@@ -85,8 +93,9 @@ def _check_gguf(path: Path, arg: str, refetch: str = "download it again") -> GGU
         )
     arch = header.architecture
     normalized = arch.replace("-", "_").replace("qwen2moe", "qwen2_moe").replace("qwen3moe", "qwen3_moe")
-    if arch not in GGUF_SUPPORTED_ARCHITECTURES and normalized not in GGUF_SUPPORTED_ARCHITECTURES:
-        supported = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+    known = _supported_architectures()
+    if arch not in known and normalized not in known:
+        supported = ", ".join(a for a in known if a not in ("general", "tokenizer"))
         raise ModelError(
             f"model {arg}: GGUF architecture '{arch}' is not supported by transformers' GGUF loader "
             f"(supported: {supported}); use a transformers checkpoint instead"

@@ -9,8 +9,12 @@ byte-level BPE tokenizer that transformers converts in seconds, then damaged."""
 from __future__ import annotations
 
 import errno
+import json
+import os
 import shutil
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -61,10 +65,12 @@ def write_gguf(
     tensors: dict | None = None,
     strings: dict | None = None,
     matrices: gguf.GGMLQuantizationType | None = None,
+    arch: str = "llama",
 ) -> Path:
-    """A tiny `llama` GGUF; `strings`: extra string metadata (after the model's own); `matrices`:
-    the ggml type the matmul weights are stored in (default float32)."""
-    writer = gguf.GGUFWriter(str(path), "llama")
+    """A tiny `llama` GGUF (or one that calls itself `arch`); `strings`: extra string metadata
+    (after the model's own); `matrices`: the ggml type the matmul weights are stored in (default
+    float32)."""
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("tiny")
     writer.add_context_length(64)
     writer.add_embedding_length(HIDDEN)
@@ -264,7 +270,7 @@ def test_no_room_for_the_checkpoint_is_refused_before_converting(tmp_path, monke
     assert no_partial_checkpoint(root)
 
 
-def full_disk_from_safetensors(model, filename, metadata=None):
+def full_disk_from_safetensors(tensors, filename, metadata=None):
     """What safetensors 0.8 raises when the disk fills up, after writing part of the file."""
     from safetensors import SafetensorError
 
@@ -272,7 +278,7 @@ def full_disk_from_safetensors(model, filename, metadata=None):
     raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
 
-def full_disk_from_the_os(model, filename, metadata=None):
+def full_disk_from_the_os(tensors, filename, metadata=None):
     Path(filename).write_bytes(b"\0" * 4096)
     raise OSError(errno.ENOSPC, "No space left on device", filename)
 
@@ -281,7 +287,7 @@ def full_disk_from_the_os(model, filename, metadata=None):
 def test_a_disk_that_fills_up_while_caching_leaves_nothing_behind(tmp_path, monkeypatch, failing_save):
     path = write_gguf(tmp_path / "tiny.gguf")
     root = tmp_path / "cache"
-    monkeypatch.setattr("safetensors.torch.save_model", failing_save)
+    monkeypatch.setattr("safetensors.torch.save_file", failing_save)  # save_model writes through it too
     with pytest.raises(ModelError) as caught:
         gguf_checkpoint(path, root, quiet)
     message = str(caught.value)
@@ -304,6 +310,102 @@ def test_hashing_is_announced_only_when_the_file_is_really_read(tmp_path):
     again: list[str] = []
     assert gguf_checkpoint(path, root, again.append) == gguf_checkpoint(path, root, quiet)
     assert again == []  # the hash is remembered by path, size and time: nothing to announce
+
+
+# --- what a later start does not repeat ----------------------------------------------------
+
+RESOLVE_IN_A_FRESH_PROCESS = """
+import json, sys
+from tr_cli.errors import ModelError
+from tr_cli.models import resolve_model
+resolve_model(None)
+try:
+    resolve_model(sys.argv[1])
+    refused = None
+except ModelError as exc:
+    refused = str(exc)
+heavy = ["transformers.modeling_gguf_pytorch_utils", "transformers.integrations.gguf.gguf_tokenizer_mapping"]
+print(json.dumps({"refused": refused, "imported": [name for name in heavy if name in sys.modules]}))
+"""
+
+
+def test_an_unsupported_architecture_is_refused_without_transformers_gguf_loader(tmp_path):
+    """The header's architecture is checked against transformers' own list, in one line, before
+    anything heavy, and without importing the module that holds the list under its public name
+    (it imports every GGUF tokenizer converter: a start on an already converted model needs none)."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    path = write_gguf(tmp_path / "alien.gguf", arch="fooarch")
+    supported = ", ".join(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+    expected = (
+        f"model {path}: GGUF architecture 'fooarch' is not supported by transformers' GGUF loader "
+        f"(supported: {supported}); use a transformers checkpoint instead"
+    )
+    assert refusal(path) == expected
+    probe = subprocess.run(
+        [sys.executable, "-c", RESOLVE_IN_A_FRESH_PROCESS, str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert probe.returncode == 0, probe.stderr
+    assert json.loads(probe.stdout.splitlines()[-1]) == {"refused": expected, "imported": []}
+
+
+def test_a_start_parses_the_header_once(tmp_path, monkeypatch):
+    """A start resolves its model twice (its options, then its load): the second resolution takes
+    the header the first one parsed (~60 ms for SmolLM2's vocabulary); a changed file is parsed again."""
+    from tr_cli.engine.options import DecodingOptions
+    from tr_cli.models import gguf_header
+
+    parse, sizes = gguf_header._parse, []
+    monkeypatch.setattr(gguf_header, "_parse", lambda buf, size: sizes.append(size) or parse(buf, size))
+    path = write_gguf(tmp_path / "tiny.gguf", matrices=gguf.GGMLQuantizationType.Q4_1)
+    DecodingOptions.parse(model=str(path), device="cpu")
+    assert resolve_model(str(path)).stored_as == "Q4_1" and len(sizes) == 1
+    write_gguf(path, matrices=gguf.GGMLQuantizationType.Q8_0)  # rewritten in place
+    assert resolve_model(str(path)).stored_as == "Q8_0" and len(sizes) == 2
+    os.utime(path, ns=(1, 1))  # same bytes, another modification time: not trusted as the same file
+    assert resolve_model(str(path)).stored_as == "Q8_0" and len(sizes) == 3
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_converted_checkpoint_stores_a_tied_embedding_under_its_own_name(tmp_path, tied):
+    """transformers loads a tie's source (model.embed_tokens.weight) and points its target
+    (lm_head.weight) at it. A checkpoint holding only the target made every later load fill the
+    embedding with random values before tying it (0.15 s of each SmolLM2 start)."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    tensors = tiny_tensors() | ({} if tied else {"output.weight": tiny_tensors(seed=1)["token_embd.weight"]})
+    target = gguf_checkpoint(write_gguf(tmp_path / "tiny.gguf", tensors=tensors), tmp_path / "cache", quiet)
+    with safe_open(str(target / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and ("lm_head.weight" in names) != tied
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
+    embedding, head = model.model.embed_tokens.weight, model.lm_head.weight
+    assert torch.equal(embedding, torch.from_numpy(tiny_tensors()["token_embd.weight"]))
+    assert (head.data_ptr() == embedding.data_ptr()) == tied
+    if not tied:
+        assert torch.equal(head, torch.from_numpy(tensors["output.weight"]))
+
+
+def test_the_converted_tokenizer_lists_its_added_tokens_in_its_config(tmp_path):
+    """transformers saves a tokenizers-backed tokenizer without its added tokens in
+    tokenizer_config.json, and loading it then parses the whole tokenizer.json in Python for them
+    (0.15 s of each SmolLM2 start); the conversion lists them there, and the tokenizer stays the same."""
+    from transformers import AutoTokenizer
+
+    from tr_cli.store.matrix_file import tokenizer_fingerprint
+
+    path = write_gguf(tmp_path / "tiny.gguf")
+    target = gguf_checkpoint(path, tmp_path / "cache", quiet)
+    config = json.loads((target / "tokenizer_config.json").read_text())
+    end = {"content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False}
+    assert config["added_tokens_decoder"] == {str(len(TOKENS) - 1): end | {"normalized": False, "special": True}}
+    ours = AutoTokenizer.from_pretrained(str(target))
+    theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    assert tokenizer_fingerprint(ours) == tokenizer_fingerprint(theirs)
+    assert ours.backend_tokenizer.to_str() == theirs.backend_tokenizer.to_str()
+    text = " t<|endoftext|>tt"
+    assert ours(text).input_ids == theirs(text).input_ids and ours.all_special_ids == theirs.all_special_ids
 
 
 # --- the weights a file asks for (`--weights auto`) ------------------------------------------
