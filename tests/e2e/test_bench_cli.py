@@ -31,6 +31,7 @@ def plain_output(home, monkeypatch):
         (["--tree", "paper", "--k", "4"], "uses candidate slot 7"),
         (["--methods", "baseline,tr:bushy"], "unknown tree"),
         (["--methods", "tr:paper+lookupX"], "--methods tr:paper+lookupX: tree paper+lookupX: unknown tree"),
+        (["--methods", "baseline@fp16"], "--methods baseline@fp16: weights fp16: unknown; use @int8"),
         (["--temperature", "-1"], "--temperature -1.0: must be 0 (greedy) or more"),
         (["--top-p", "2"], "--top-p 2.0: must be between 0 and 1"),
         (["--top-k", "-2"], "--top-k -2: must be 0 (off) or more"),
@@ -193,6 +194,32 @@ def test_table_report_is_not_squeezed_when_piped(tiny_llama_dir, tmp_path, monke
     header = next(line for line in out.stdout.splitlines() if "method" in line)
     for name in [f"category_{i}" for i in range(6)] + ["MAT", "tok/s", "speedup", "identical"]:
         assert name in header
+
+
+def test_bf16_reference_beside_the_loaded_model(tiny_llama_dir, tmp_path):
+    """baseline@bf16 runs generate on the file loaded again, dense bfloat16: its own reference
+    for identical tokens, recorded in the environment; without `baseline`, speedups are over it."""
+    report_path = tmp_path / "report.json"
+    args = ["bench", "--model", str(tiny_llama_dir), "--dtype", "float32", "--limit", "2", "-n", "12", "--warmup", "0"]
+    out = runner.invoke(
+        app, [*args, "--methods", "baseline,baseline@bf16,tr", "--format", "json", "-o", str(report_path)]
+    )
+    assert out.exit_code == 0, out.output
+    report = json.loads(report_path.read_text())
+    env, methods = report["environment"], report["methods"]
+    assert env["dtype"] == "float32" and env["speedup_over"] == "baseline"
+    assert env["variant_loads"] == {"bf16": {"dtype": "bfloat16", "weights": "dense", "second_load": True}}
+    assert methods["baseline@bf16"]["identical_to_baseline"] == 2  # against itself
+    assert methods["tr"]["identical_to_baseline"] == 2  # against the float32 baseline: lossless
+    assert methods["baseline"]["speedup"] == 1.0 and methods["baseline@bf16"]["speedup"] > 0
+
+    out = runner.invoke(app, [*args[:-4], "--limit", "1", "--warmup", "0", "--methods", "baseline@bf16,ar,tr"])
+    assert out.exit_code == 0, out.output
+    assert "tr bench: speedup over transformers greedy (baseline@bf16)" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if line.startswith("│ baseline@bf16 "))
+    cells = [cell.strip() for cell in row.split("│")]
+    assert cells[5:7] == ["1.00×", "1.00×"] and "1/1" in cells  # speedup, decode; identical to itself
+    assert "variant_loads: @bf16 dense bfloat16 (a second load)" in " ".join(out.stdout.split())
 
 
 def test_bench_smollm2_two_prompts(smollm2_checkpoint):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,9 +17,10 @@ import torch
 from ..core import PRESETS, StopCondition, TokenRecyclingDecoder
 from ..core.drafters.plan import DraftPlan
 from ..core.sampling_config import SamplingConfig
-from ..engine.engine import Engine
+from ..engine.engine import Engine, dtype_unavailable
 from ..engine.options import draft_plan
 from ..errors import SettingError
+from ..models.device import dtype_name
 from ..models.weights_mode import QUANTIZED_MODES, WeightsMode
 from .llama_cpp import LLAMA_CPP_METHODS, LLAMA_CPP_NGRAM, LlamaCpp, LlamaServer, check_available
 from .run import Run
@@ -37,6 +38,39 @@ PLD_TOKENS = 10  # HF prompt lookup decoding's draft length, as peers run it
 ONE_TOKEN = DraftPlan.of(PRESETS["none"])
 
 
+@dataclass(frozen=True)
+class DenseLoad:
+    """A method's `@bf16`: the model file loaded again, dense in `dtype` (Engine.dense_load),
+    whatever the bench itself loaded: `baseline@bf16` is transformers as most people run it."""
+
+    suffix: str  # as a method name spells it
+    dtype: torch.dtype
+
+    def __str__(self) -> str:
+        return self.suffix
+
+
+BF16 = DenseLoad("bf16", torch.bfloat16)
+# What may follow a method's `@`: a quantized copy of the loaded model, or the file loaded again.
+VARIANT_NAMES = (*(mode.name for mode in QUANTIZED_MODES), BF16.suffix)
+VARIANTS_IN_WORDS = (
+    f"@{', @'.join(mode.name for mode in QUANTIZED_MODES)} (a quantized copy of the loaded model) "
+    f"or @{BF16} (the model file loaded again, dense {dtype_name(BF16.dtype)})"
+)
+Variant = WeightsMode | DenseLoad
+
+
+def parse_variant(text: str) -> Variant:
+    """What follows a method's `@`: 'int8', 'int4+bf16'... or 'bf16'."""
+    if text == BF16.suffix:
+        return BF16
+    if text not in VARIANT_NAMES:  # `dense` too: the method without `@` runs on the loaded weights
+        raise SettingError(
+            "weights", text, f"{'not a variant' if text == 'dense' else 'unknown'}; use {VARIANTS_IN_WORDS}"
+        )
+    return WeightsMode.parse(text)
+
+
 def split_weights(name: str) -> tuple[str, str | None]:
     """'tr:paper@int8' -> ('tr:paper', 'int8'); 'tr' -> ('tr', None)."""
     base, sep, weights = name.rpartition("@")
@@ -45,11 +79,21 @@ def split_weights(name: str) -> tuple[str, str | None]:
 
 def counterpart(name: str, reference: str) -> str | None:
     """The `reference` method on the same weights as `name`: what its tokens are compared with
-    ('baseline') and its speculation measured against ('ar')."""
+    ('baseline') and its speculation measured against ('ar'). `baseline@W` is its own reference,
+    as `baseline` is: different weights give different tokens."""
     base, weights = split_weights(name)
     if base in LLAMA_CPP_METHODS:  # its own weights and kernels: nothing of ours to compare with
         return None
     return f"{reference}@{weights}" if weights else reference
+
+
+def speedup_reference(names: Iterable[str]) -> str | None:
+    """The method every speedup is over: `baseline` where it ran, else the first `baseline@W`
+    (`baseline@bf16,ar,tr`: ar and tr over transformers on dense bfloat16); None: neither ran."""
+    names = list(names)
+    if "baseline" in names:
+        return "baseline"
+    return next((name for name in names if split_weights(name)[0] == "baseline"), None)
 
 
 class _ForwardCounter:
@@ -165,11 +209,12 @@ class TokenRecycling:
 @dataclass(frozen=True)
 class Method:
     """One method of a bench, parsed from its name: `tr`, `ar`, `tr:PLAN` (drafts as
-    drafters/plan.py reads them), `baseline` or `pld`, each optionally `@WEIGHTS`."""
+    drafters/plan.py reads them), `baseline` or `pld`, each optionally `@WEIGHTS` (a variant)."""
 
     name: str
     plan: DraftPlan | None  # our decoder's drafts; None: transformers' generate (or llama.cpp)
-    weights: WeightsMode | None = None  # None: the loaded model; else a quantized copy of it
+    # None: the loaded model; a WeightsMode: a quantized copy of it; a DenseLoad: the file loaded again
+    weights: Variant | None = None
 
     @property
     def llama_cpp(self) -> bool:
@@ -192,10 +237,10 @@ class Method:
         if name in LLAMA_CPP_METHODS:
             check_available(name)
             return cls(name, None)
+        if base in LLAMA_CPP_METHODS:
+            raise SettingError("methods", name, f"{base} runs the GGUF file on its own kernels; it takes no @variant")
         try:
-            weights = None if weights_name is None else WeightsMode.parse(weights_name)
-            if weights is not None and weights.dense:
-                raise SettingError("weights", weights_name, "a variant's weights are quantized")
+            weights = None if weights_name is None else parse_variant(weights_name)
             if base in ("baseline", "pld"):
                 return cls(name, None, weights)
             if base == "ar":
@@ -210,7 +255,7 @@ class Method:
             "methods",
             name,
             f"unknown method; choose from {', '.join(METHODS)} or tr:TREE (e.g. tr:paper, tr:auto+lookup0), "
-            f"optionally @{'/@'.join(mode.name for mode in QUANTIZED_MODES)}",
+            f"optionally @{'/@'.join(VARIANT_NAMES)}",
         )
 
 
@@ -223,11 +268,25 @@ def parse_methods(names: list[str], plan: DraftPlan, k: int) -> list[Method]:
     return [Method.parse(name, plan, k) for name in names]
 
 
+def check_device(methods: list[Method], device: torch.device) -> None:
+    """Refuse, before anything loads, a method whose dense load `device` cannot compute in."""
+    for method in methods:
+        if isinstance(method.weights, DenseLoad):
+            why = dtype_unavailable(method.weights.dtype, device)
+            if why is not None:
+                raise SettingError(
+                    "methods",
+                    method.name,
+                    f"runs on the model loaded in {dtype_name(method.weights.dtype)}, and {why}; "
+                    "drop it or use the cpu device",
+                )
+
+
 def make_runners(engine: Engine, methods: list[Method]) -> tuple[dict, dict[str, str]]:
     """Each method's runner, in the given order, and the drafts of our decoders. `tr` decodes on
     the engine's decoder (the stored matrix); `ar`, `tr:PLAN` and `@WEIGHTS` variants on copies
     of the matrix, so they neither help one another nor change the recycled store; `@WEIGHTS`
-    ones on the engine's quantized copy of the model."""
+    ones on the engine's quantized copy of the model, `@bf16` ones on its dense bfloat16 load."""
     runners, drafts = {}, {}
     eos = engine.loaded.eos_token_ids
     constraint_of = _constraints(engine)
@@ -260,8 +319,28 @@ def _constraints(engine: Engine) -> ConstraintOf:
 
 
 def model_of(engine: Engine, method: Method) -> torch.nn.Module:
-    """The model a method runs on: the loaded one, or its quantized copy."""
-    return engine.loaded.model if method.weights is None else engine.quantized_model(method.weights)
+    """The model a method runs on: the loaded one, its quantized copy, or a dense load apart."""
+    if method.weights is None:
+        return engine.loaded.model
+    if isinstance(method.weights, DenseLoad):
+        return engine.dense_load(method.weights.dtype).model
+    return engine.quantized_model(method.weights)
+
+
+def variant_loads(engine: Engine, methods: list[Method]) -> dict[str, dict] | None:
+    """What each `@bf16`-like variant ran on, for the report's environment (the loaded model's
+    own dtype and weights are recorded beside it): dtype, weights, and whether it was a second
+    load or the bench's own (already dense in that dtype). None: no such variant ran."""
+    loads = {}
+    for load in dict.fromkeys(m.weights for m in methods if isinstance(m.weights, DenseLoad)):
+        loaded = engine.dense_load(load.dtype)
+        runtime = loaded.runtime
+        loads[load.suffix] = {
+            "dtype": runtime.dtype_name,
+            "weights": runtime.weights.name,
+            "second_load": loaded is not engine.loaded,
+        }
+    return loads or None
 
 
 def _llama_cpp(engine: Engine, name: str) -> LlamaCpp | LlamaServer:

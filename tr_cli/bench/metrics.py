@@ -6,7 +6,7 @@ from collections import Counter
 
 from ..core.events import StepTimings, mean_accepted_tokens, tokens_per_second
 from .distribution import DistributionCheck
-from .methods import counterpart
+from .methods import counterpart, speedup_reference
 from .runner import Measured, PromptResult
 
 
@@ -64,20 +64,21 @@ def _drafted(items: list[Measured]) -> dict[str, int] | None:
 
 
 def summarize(results: list[PromptResult], environment: dict, sampled: bool = False) -> dict:
-    """The report. Sampled outputs are never compared token by token (identical_to_baseline is
-    None); each method's distribution_check says instead whether its tokens fit the model's
+    """The report. Speedups are over speedup_reference's method, which the environment records
+    (`speedup_over`). Sampled outputs are never compared token by token (identical_to_baseline
+    is None); each method's distribution_check says instead whether its tokens fit the model's
     distribution."""
     methods = list(results[0].methods) if results else []
-    has_baseline = "baseline" in methods
+    reference = speedup_reference(methods)
 
     def block(name: str, subset: list[PromptResult]) -> dict:
         items = [r.methods[name] for r in subset]
         rate = _rate(items)
-        base = _rate([r.methods["baseline"] for r in subset]) if has_baseline else 0.0
+        base = _rate([r.methods[reference] for r in subset]) if reference else 0.0
         ar_name = counterpart(name, "ar")  # speculation's own gain: one token per step, same weights
         ar = _rate([r.methods[ar_name] for r in subset]) if ar_name in methods else 0.0
         decode = _decode_rate(items)
-        decode_base = _decode_rate([r.methods["baseline"] for r in subset]) if has_baseline else None
+        decode_base = _decode_rate([r.methods[reference] for r in subset]) if reference else None
         return {
             "tokens_per_second": rate,
             "speedup": rate / base if base else None,
@@ -134,4 +135,9 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
                 "identical_to_baseline": None if sampled else r.identical_to_baseline(name),
             }
         prompts.append(entry)
-    return {"environment": environment, "methods": report_methods, "categories": categories, "prompts": prompts}
+    return {
+        "environment": {**environment, "speedup_over": reference},
+        "methods": report_methods,
+        "categories": categories,
+        "prompts": prompts,
+    }

@@ -2,7 +2,8 @@
 (grey levels, hatches and markers tell the methods apart, not colours alone):
 
 1. tokens/s per method per category (grouped bars), each bar labelled with its speedup over the
-   reference method (transformers' `baseline`, else `ar`, else the first method);
+   reference method (the report's: transformers' `baseline`, else `baseline@W`; else `ar`, else
+   the first method);
 2. the tokens each decoding step emitted (share of steps), for the methods that say;
 3. tokens/s per prompt.
 
@@ -66,8 +67,12 @@ def read_reports(path: Path) -> list[dict]:
 
 
 def reference_method(report: dict) -> str:
-    """The method the bars' speedups are over: `baseline`, else `ar`, else the first."""
+    """The method the bars' speedups are over: the report's (`speedup_over`), else `ar`, else the
+    first; an older report, without `speedup_over`, `baseline` first."""
     methods = list(report["methods"])
+    recorded = report["environment"].get("speedup_over")
+    if recorded in methods:
+        return recorded
     for name in ("baseline", "ar"):
         if name in methods:
             return name

@@ -97,11 +97,21 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
     return header, body
 
 
+def _variant_loads(loads: dict[str, dict]) -> str:
+    """'@bf16 dense bfloat16 (a second load)': what each `@bf16`-like variant ran on."""
+    where = {True: "a second load", False: "the bench's own load"}
+    return ", ".join(
+        f"@{suffix} {load['weights']} {load['dtype']} ({where[load['second_load']]})" for suffix, load in loads.items()
+    )
+
+
 def environment_line(env: dict) -> str:
     keys = (
         "model",
         "dtype",
         "weights",
+        "variant_loads",
+        "speedup_over",
         "device_name",
         "cpu_isa",
         "threads",
@@ -120,7 +130,8 @@ def environment_line(env: dict) -> str:
         "tr_version",
         "date",
     )
-    return " · ".join(f"{k}: {env[k]}" for k in keys if env.get(k) is not None)
+    shown = {**env, "variant_loads": _variant_loads(env["variant_loads"]) if env.get("variant_loads") else None}
+    return " · ".join(f"{k}: {shown[k]}" for k in keys if shown.get(k) is not None)
 
 
 def to_markdown(report: dict) -> str:

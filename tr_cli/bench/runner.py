@@ -13,7 +13,7 @@ from ..core.stopping import context_room
 from ..text.conversation import ConversationEncoder, messages_of
 from ..text.prompts import PromptRecord
 from .distribution import DistributionCheck
-from .methods import counterpart
+from .methods import counterpart, speedup_reference
 from .run import Run
 
 if TYPE_CHECKING:
@@ -161,8 +161,9 @@ def run_bench(
 
 
 def running_speedups(results: list[PromptResult]) -> dict[str, float]:
-    """tokens/s of each method over the baseline's, so far (empty without a baseline)."""
-    if not results or "baseline" not in results[0].methods:
+    """tokens/s of each method over the reference's (speedup_reference), so far (empty without one)."""
+    reference = speedup_reference(results[0].methods) if results else None
+    if reference is None:
         return {}
 
     def rate(name: str) -> float:
@@ -170,5 +171,5 @@ def running_speedups(results: list[PromptResult]) -> dict[str, float]:
             sum(r.methods[name].new_tokens for r in results), sum(r.methods[name].seconds for r in results)
         )
 
-    base = rate("baseline")
-    return {name: rate(name) / base for name in results[0].methods if name != "baseline" and base}
+    base = rate(reference)
+    return {name: rate(name) / base for name in results[0].methods if name != reference and base}

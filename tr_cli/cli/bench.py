@@ -45,7 +45,9 @@ Methods = Annotated[
         help="Comma-separated: baseline (HF generate), pld (HF prompt lookup), ar (tr's own forward, one "
         "token per step: what speculation alone adds), tr (with --tree/--lookup), tr:TREE variants on a copy of the "
         "matrix (e.g. tr:paper, tr:auto+lookup0). Any of them @int8, @int4, @int8+bf16 or @int4+bf16 (see --weights): "
-        "on a quantized copy of the model (bfloat16), compared with baseline on the same weights.",
+        "on a quantized copy of the model (bfloat16), compared with baseline on the same weights; or @bf16: on the "
+        "model file loaded again, dense bfloat16 (baseline@bf16: transformers as most people run it; without "
+        "baseline, speedups are over it).",
     ),
 ]
 Limit = Annotated[int | None, typer.Option("--limit", min=1, help="Use only the first N prompts (after --categories).")]
@@ -136,11 +138,12 @@ def bench(
 
     from ..bench.distribution import check_tokens
     from ..bench.llama_cpp import llama_cpp_version
-    from ..bench.methods import make_runners, model_of, parse_methods
+    from ..bench.methods import check_device, make_runners, model_of, parse_methods, variant_loads
     from ..bench.metrics import summarize
     from .setup import open_engine, save_state
 
     chosen = parse_methods(_split(methods), options.drafts, options.k)
+    check_device(chosen, options.runtime.device)
     if turns not in ("1", "all"):
         raise UserError(f"--turns {turns}: use 1 or all")
     records = _select(prompts_file, categories, per_category, limit)
@@ -180,6 +183,7 @@ def bench(
         drafts,
         seed,
         methods=[method.name for method in chosen],
+        variant_loads=variant_loads(engine, chosen),
         llama_cpp=llama_cpp_version([m.name for m in chosen]) if any(m.llama_cpp for m in chosen) else None,
         k=options.k,
         prompts_file=prompts_file,
@@ -316,12 +320,16 @@ def rich_table(report: dict) -> Table:
     from ..bench.report import environment_line, rows, sampled
 
     header, body = rows(report)
-    baseline = "sampling" if sampled(report) else "greedy"
-    number = report["environment"].get("pass")
+    env = report["environment"]
+    # An older report has no speedup_over: its speedups are over `baseline`.
+    reference = env.get("speedup_over", "baseline")
+    over = f"transformers {'sampling' if sampled(report) else 'greedy'}"
+    over += "" if reference == "baseline" else f" ({reference})"
+    number = env.get("pass")
     table = Table(
-        title=f"tr bench: speedup over transformers {baseline}" + (f" · pass {number}" if number else ""),
+        title=(f"tr bench: speedup over {over}" if reference else "tr bench") + (f" · pass {number}" if number else ""),
         title_justify="left",
-        caption=environment_line(report["environment"]),
+        caption=environment_line(env),
         caption_justify="left",
     )
     for i, column in enumerate(header):

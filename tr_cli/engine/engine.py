@@ -9,11 +9,12 @@ import torch
 from ..core import TokenRecyclingDecoder
 from ..core.drafters.plan import DraftPlan
 from ..core.sampling_config import SamplingConfig, SamplingRequest, ignored_generation_settings
-from ..errors import SettingError
+from ..errors import SettingError, first_line
 from ..models import LoadedModel, WeightsMode, load_model, native_kernels
+from ..models.device import device_name, dtype_name
 from ..models.load import kernels_dir
 from ..models.progress import Status, quiet
-from ..models.runtime import NATIVE_DTYPE
+from ..models.runtime import NATIVE_DTYPE, Runtime
 from ..models.weights import quantized_copy
 from ..store.hot_matrix import HotMatrix, Saved
 from ..store.paths import cache_dir
@@ -36,6 +37,23 @@ def resolve_sampling(request: SamplingRequest, loaded: LoadedModel) -> tuple[Sam
     return request.resolve(generation_config), warnings
 
 
+def dtype_unavailable(dtype: torch.dtype, device: torch.device) -> str | None:
+    """Why `device` cannot compute in `dtype`, in a few words, or None. A GPU that only emulates
+    bfloat16 counts as without it: a reference timed on emulation is not the one its users run."""
+    if device.type == "cpu":  # every dtype runs; the report's cpu_isa says whether natively
+        return None
+    if device.type == "cuda":
+        if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported(including_emulation=False):
+            return f"the {device_name(device)} has no native bfloat16"
+        return None
+    try:  # other accelerators (mps): a small matmul says
+        ones = torch.ones(2, 2, dtype=dtype, device=device)
+        ones @ ones
+    except (TypeError, RuntimeError) as exc:
+        return f"{device.type} cannot compute in {dtype_name(dtype)} ({first_line(exc)})"
+    return None
+
+
 @dataclass
 class Engine:
     """A loaded model, its hot matrix and (unless asked not to) the decoder the options describe."""
@@ -48,6 +66,7 @@ class Engine:
     status: Status = quiet
     warn: Status | None = None  # warnings after set-up (a later calibration's failed save)
     _quantized: dict[WeightsMode, torch.nn.Module] = field(default_factory=dict)  # quantized_model's copies
+    _dense: dict[torch.dtype, LoadedModel] = field(default_factory=dict)  # dense_load's loads
 
     @classmethod
     def open(
@@ -118,6 +137,24 @@ class Engine:
             self.status(f"Quantizing a copy of {self.loaded.model_id}'s weights to {weights}")
             self._quantized[weights] = quantized_copy(self.loaded.model, weights).eval()
         return self._quantized[weights]
+
+    def dense_load(self, dtype: torch.dtype) -> LoadedModel:
+        """The model file loaded again, dense in `dtype` on the same device, once (the converted
+        checkpoint is cached, so in about a second): what `tr bench`'s METHOD@bf16 variants run
+        on, transformers on the weights most people run, whatever this engine loaded. The loaded
+        model itself where it is already dense in `dtype`. SettingError where the device cannot
+        compute in `dtype`."""
+        runtime = self.loaded.runtime
+        if runtime.weights.dense and runtime.dtype == dtype:
+            return self.loaded
+        if dtype not in self._dense:
+            why = dtype_unavailable(dtype, runtime.device)
+            if why is not None:
+                raise SettingError("dtype", dtype_name(dtype), why)
+            source = self.loaded.source
+            argument = str(source.path) if source.path is not None else source.model_id
+            self._dense[dtype] = load_model(argument, Runtime(runtime.device, dtype), self.status, cache=cache_dir())
+        return self._dense[dtype]
 
     def save(self, end_conversation: bool = True) -> Saved:
         """Write the hot state back (matrix, store, statistics; nothing when saving is off). With

@@ -49,7 +49,7 @@ def test_missing_llama_cpp_is_said_before_anything_loads():
 
 
 def test_llama_cpp_takes_no_weights_variant():
-    with pytest.raises(SettingError, match="unknown method"):
+    with pytest.raises(SettingError, match="llama.cpp runs the GGUF file on its own kernels; it takes no @variant"):
         parse_methods(["llama.cpp@int4"], DraftPlan.of(), 8)
 
 

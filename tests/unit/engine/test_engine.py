@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tr_cli.core import PRESETS, TokenRecyclingDecoder
@@ -125,3 +126,21 @@ def test_no_save_and_a_fixed_tree_leave_the_store_alone(home, tiny_llama_dir):
     )
     assert engine.save() == Saved()
     assert not engine.hot.path.exists() and not recycled_store_path(engine.hot.path).exists()
+
+
+def test_a_dense_load_is_refused_where_the_device_has_no_bfloat16(monkeypatch):
+    """Engine.dense_load says why in one line before loading anything (a GPU that only emulates
+    bfloat16 counts as without it)."""
+    from tr_cli.core.sampling_config import SamplingConfig
+    from tr_cli.errors import SettingError
+    from tr_cli.models import LoadedModel, ModelSource, Runtime
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    source = ModelSource("directory", "tiny", None)
+    loaded = LoadedModel(tiny_model("llama"), None, source, Runtime(torch.device("cuda"), torch.float16))
+    engine = Engine(loaded, SamplingConfig.greedy())
+    with pytest.raises(SettingError) as caught:
+        engine.dense_load(torch.bfloat16)
+    assert str(caught.value) == "dtype bfloat16: the Tesla T4 has no native bfloat16"
+    assert engine.dense_load(torch.float16) is loaded  # already dense in that dtype: itself
