@@ -33,7 +33,7 @@ from .drafters.text_lookup import TEXT_DEPTH, TEXT_PRIOR, TextLookupDrafter
 from .errors import PrefillStopped
 from .events import GenerationResult, GenerationStats, StepEvent, StepTimings, track
 from .forward import make_forward
-from .kv_cache import CompactingCache
+from .kv_cache import KEEP_ROWS, CompactingCache, RowKeeper
 from .logprobs import MAX_TOP, TokenLogprob, token_logprobs
 from .matrix import DEFAULT_K, new_matrix, output_vocab_size
 from .sampling import Sampler
@@ -130,6 +130,7 @@ class TokenRecyclingDecoder:
         self.layout = AttentionLayout.from_config(model.config, dtype, self.device)
         self.forward_pass = make_forward(model, _cache_keyword(model))
         self.row_topk: RowTopK | None = getattr(model, ROW_TOPK, None)  # a faster top-k (verify.py)
+        self.keep_rows: RowKeeper | None = getattr(model, KEEP_ROWS, None)  # a faster compaction (kv_cache.py)
         self.set_sampling(sampling)
         self.set_logprobs(None)
         self.constraint: TokenConstraint | None = None
@@ -199,7 +200,7 @@ class TokenRecyclingDecoder:
 
     def reset(self) -> None:
         """Forget the conversation (the matrix stays)."""
-        self.cache = CompactingCache()
+        self.cache = CompactingCache(self.keep_rows)
         self.pending: int | None = None
         self.tokens: list[int] = []
         for drafter in self.drafters:

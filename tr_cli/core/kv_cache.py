@@ -9,10 +9,17 @@ Sliding-window layers also keep every position: the mask, not the cache, applies
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 _MIN_CAPACITY = 256
+# A model may carry a faster compaction under this attribute (models/ attaches tr's kernel):
+# `keep(buffers, start, rows)` moves each buffer's rows `rows` (ascending absolute positions, each at
+# or past its destination) to start, start+1, ... in place, for buffers (1, heads, capacity, dim).
+KEEP_ROWS = "tr_keep_rows"
+RowKeeper = Callable[[list[torch.Tensor], int, torch.Tensor], None]
 
 
 class CompactingLayer(CacheLayerMixin):
@@ -109,10 +116,12 @@ class CompactingLayer(CacheLayerMixin):
 
 
 class CompactingCache(Cache):
-    """One CompactingLayer per decoder layer, created as layers first write."""
+    """One CompactingLayer per decoder layer, created as layers first write. `keep_rows`: a faster
+    compaction of all layers at once (KEEP_ROWS), where the model has one."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_rows: RowKeeper | None = None) -> None:
         super().__init__(layer_class_to_replicate=CompactingLayer)
+        self._keep_rows = keep_rows
 
     @property
     def length(self) -> int:
@@ -123,6 +132,15 @@ class CompactingCache(Cache):
         if not self.layers or not self.layers[0].is_initialized:
             return
         rows = offsets.to(self.layers[0].device) + start  # once for all layers
+        if (
+            self._keep_rows is not None
+            and rows.device.type == "cpu"
+            and all(layer.is_initialized for layer in self.layers)
+        ):
+            self._keep_rows([b for layer in self.layers for b in (layer._keys, layer._values)], start, rows)
+            for layer in self.layers:
+                layer.length = start + rows.shape[0]
+            return
         for layer in self.layers:
             layer.keep(start, rows)
 

@@ -1,7 +1,7 @@
 """tr's own kernels, compiled for this machine on first use: int4/int8 matmuls (quantized_matmul.cpp),
 the row-exact attention that goes with them (row_attention.cpp, row_attention.py), a Llama-family
-layer's parts built on both (fused_layers.cpp, fused_layers.py) and verification's per-row top-k
-(row_topk.cpp).
+layer's parts built on both (fused_layers.cpp, fused_layers.py), verification's per-row top-k
+(row_topk.cpp) and the KV cache's compaction after a step (cache_rows.cpp).
 
 torch's weight-only CPU kernels take bfloat16 activations and cost about one extra token per row
 on AVX2 CPUs, so a draft tree costs what decoding its tokens one by one costs. tr's kernels
@@ -31,7 +31,14 @@ from .progress import Status, quiet
 
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("quantized_matmul.cpp", "row_attention.cpp", "fused_layers.cpp", "fused_step.cpp", "row_topk.cpp")
+    for name in (
+        "quantized_matmul.cpp",
+        "row_attention.cpp",
+        "fused_layers.cpp",
+        "fused_step.cpp",
+        "row_topk.cpp",
+        "cache_rows.cpp",
+    )
 )
 HEADERS = (Path(__file__).with_name("tr_kernels.h"),)
 NEEDED_FLAGS = ("avx2", "fma", "f16c")
@@ -127,6 +134,14 @@ def row_topk(logits, k: int):
     import torch
 
     return torch.ops.tr_kernels.row_topk(logits, k)
+
+
+def keep_rows(buffers: list, start: int, rows) -> None:
+    """Move each buffer's rows `rows` (ascending absolute positions) to start, start+1, ... in place,
+    every layer's keys and values in one call (cache_rows.cpp): core/kv_cache.py's RowKeeper."""
+    import torch
+
+    torch.ops.tr_kernels.keep_rows(buffers, start, rows)
 
 
 def _build_key(torch_version: str) -> str:

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.forward import FUSED_GATE_UP, FUSED_QKV
+from ..core.kv_cache import KEEP_ROWS
 from ..core.step_scope import in_decoding_step
 from ..core.verify import ROW_TOPK
 from ..errors import SettingError
@@ -436,6 +437,7 @@ def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
         layers += 1
     if issubclass(kind, _NativeLinear):
         setattr(model, ROW_TOPK, native_kernels.row_topk)  # its logits are float32: verification's top-k
+        setattr(model, KEEP_ROWS, native_kernels.keep_rows)  # the KV cache's compaction, in one call
         if use_row_attention(model):
             fuse_layers(model)
     return Quantized(mode, layers, kept)
