@@ -33,6 +33,7 @@ MIN_DOCUMENT = 8  # shorter conversations teach nothing worth a slot
 _MOD1, _MOD2 = (1 << 30) - 35, (1 << 30) - 41  # primes below 2^30
 _BASE1, _BASE2 = 1_000_003, 999_983
 _SEPARATOR = -1
+_ORDER_TAG = {n: i for i, n in enumerate(ORDERS)}  # a key's top bits: which order it is of
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,6 @@ def _tail_keys(context: list[int]) -> list[tuple[int, int]]:
         if n in _ORDER_TAG:
             keys[n] = (_ORDER_TAG[n] << 60) | (h1 << 30) | h2
     return [(n, keys[n]) for n in reversed(ORDERS) if n in keys]
-
-
-_ORDER_TAG = {n: i for i, n in enumerate(ORDERS)}
 
 
 def _keys(windows: torch.Tensor) -> torch.Tensor:

@@ -73,6 +73,13 @@ class TreeBuffers:
             matrix_nodes=torch.arange(1, m1, dtype=torch.long, device=device),
         )
 
+    def right_paths(self, correct: torch.Tensor) -> list[bool]:
+        """Per node, whether it and all its ancestors are right (the root is), on the host, from
+        `correct` (node i equals its parent's choice)."""
+        wrong = ~correct
+        wrong[0] = False
+        return (~(self.ancestor_mask & wrong[None, :]).any(dim=1)).tolist()
+
     @property
     def level_slices(self) -> tuple[tuple[int, int], ...]:
         """Matrix node index ranges [start, end), one per depth."""

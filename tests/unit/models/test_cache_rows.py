@@ -1,15 +1,11 @@
 """tr's KV compaction (models/cache_rows.cpp): every layer's accepted rows moved in one call, the
-same cache as the tensor ops' compaction, bad rows refused, and models on tr's kernels carry it."""
+same cache as the tensor ops' compaction, and bad rows refused."""
 
 import pytest
 import torch
 
-from tr_cli.core.kv_cache import KEEP_ROWS, CompactingCache
+from tr_cli.core.kv_cache import CompactingCache
 from tr_cli.models import native_kernels
-from tr_cli.models.weights import quantize
-from tr_cli.models.weights_mode import WeightsMode
-
-from tiny_models import tiny_model
 
 pytestmark = pytest.mark.usefixtures("tr_kernels")
 
@@ -43,12 +39,3 @@ def test_rows_it_cannot_move_in_order_are_refused():
         native_kernels.keep_rows(buffers, 4, torch.tensor([3]))
     with pytest.raises(RuntimeError, match="capacity"):
         native_kernels.keep_rows(buffers, 4, torch.tensor([4, 16]))
-
-
-def test_a_model_on_tr_kernels_carries_it_and_one_on_torchs_does_not():
-    native = tiny_model("llama")
-    quantize(native, WeightsMode("int4"))
-    assert getattr(native, KEEP_ROWS) is native_kernels.keep_rows
-    torchs = tiny_model("llama", dtype=torch.bfloat16)
-    quantize(torchs, WeightsMode("int4"))
-    assert not hasattr(torchs, KEEP_ROWS)

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from gguf import quants
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
+from tr_cli.core.kv_cache import KEEP_ROWS
 from tr_cli.core.tree import PRESETS
+from tr_cli.core.verify import ROW_TOPK
 from tr_cli.models import native_kernels
 from tr_cli.models.cpu import cpu_flags
 from tr_cli.models.weights import Q4Linear, Q8Linear, quantize, weights_mode
@@ -305,6 +307,21 @@ def test_models_on_tr_kernels_take_the_row_attention_where_it_fits(arch):
     bf16 = tiny_model(arch, dtype=torch.bfloat16)
     quantize(bf16, WeightsMode.parse("int4"))  # torch's kernels: transformers' attention stays
     assert bf16.config._attn_implementation == before
+
+
+@pytest.mark.parametrize(
+    ("attribute", "kernel"),
+    [(ROW_TOPK, native_kernels.row_topk), (KEEP_ROWS, native_kernels.keep_rows)],
+    ids=["row_topk", "keep_rows"],
+)
+def test_models_on_tr_kernels_carry_the_steps_kernels_and_on_torchs_do_not(attribute, kernel):
+    """Verification's top-k and the cache's compaction, which the decoder reads off the model."""
+    native = tiny_model("llama")
+    quantize(native, WeightsMode("int4"))
+    assert getattr(native, attribute) is kernel
+    torchs = tiny_model("llama", dtype=torch.bfloat16)
+    quantize(torchs, WeightsMode("int4"))
+    assert not hasattr(torchs, attribute)
 
 
 def test_a_cache_dir_that_cannot_be_written_is_said_in_one_line(tmp_path):

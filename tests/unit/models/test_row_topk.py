@@ -1,16 +1,11 @@
 """tr's per-row top-k (models/row_topk.cpp): torch.topk's values, a fixed order among ties (smaller
-index first, NaN above all) so that column 0 is exactly argmax, and a model on tr's kernels
-verifying with it."""
+index first, NaN above all) so that column 0 is exactly argmax, and verification using it."""
 
 import pytest
 import torch
 
-from tr_cli.core.verify import ROW_TOPK, TopCandidates
+from tr_cli.core.verify import TopCandidates
 from tr_cli.models import native_kernels
-from tr_cli.models.weights import quantize
-from tr_cli.models.weights_mode import WeightsMode
-
-from tiny_models import tiny_model
 
 pytestmark = pytest.mark.usefixtures("tr_kernels")
 
@@ -64,12 +59,3 @@ def test_top_candidates_use_it_only_for_float32_rows():
     assert top.first_is_argmax and torch.equal(top.argmax(x), x.argmax(dim=-1))
     half = TopCandidates.of(x.bfloat16(), 8, native_kernels.row_topk)  # torch's, with its tie fix-up
     assert not half.first_is_argmax and torch.equal(half.argmax(x.bfloat16()), x.bfloat16().argmax(dim=-1))
-
-
-def test_a_model_on_tr_kernels_carries_it_and_one_on_torchs_does_not():
-    native = tiny_model("llama")
-    quantize(native, WeightsMode("int4"))
-    assert getattr(native, ROW_TOPK) is native_kernels.row_topk
-    torchs = tiny_model("llama", dtype=torch.bfloat16)
-    quantize(torchs, WeightsMode("int4"))
-    assert not hasattr(torchs, ROW_TOPK)

@@ -76,10 +76,7 @@ class AcceptanceStats:
     def record(self, buffers: TreeBuffers, correct: torch.Tensor, context: int = NEUTRAL_CONTEXT) -> None:
         """Count one verification drafted in `context`: correct[i] = node i equals its parent's
         greedy choice."""
-        wrong = ~correct
-        wrong[0] = False
-        # A node's path is right when no node in it (itself and its ancestors) is wrong.
-        self.record_paths(buffers, (~(buffers.ancestor_mask & wrong[None, :]).any(dim=1)).tolist(), context)
+        self.record_paths(buffers, buffers.right_paths(correct), context)
 
     def record_paths(self, buffers: TreeBuffers, right: list[bool], context: int = NEUTRAL_CONTEXT) -> None:
         """Count one verification drafted in `context`: right[i] = node i and all its ancestors are
@@ -92,14 +89,10 @@ class AcceptanceStats:
         if not tried:
             return
         hit = [cell + offset for node, cell in zip(nodes, cells, strict=True) if right[node]]
-        device = self.trials.device
-        self.trials.index_add_(
-            0, torch.tensor(tried, device=device), torch.ones(len(tried), dtype=COUNT_DTYPE, device=device)
-        )
-        if hit:
-            self.hits.index_add_(
-                0, torch.tensor(hit, device=device), torch.ones(len(hit), dtype=COUNT_DTYPE, device=device)
-            )
+        for counts, cells_counted in ((self.trials, tried), (self.hits, hit)):
+            if cells_counted:
+                ones = torch.ones(len(cells_counted), dtype=COUNT_DTYPE, device=counts.device)
+                counts.index_add_(0, torch.tensor(cells_counted, device=counts.device), ones)
         self._records += 1
         if self._records % 256 == 0 and bool(self._first_cells().sum() > DECAY_AT):  # a rare host sync
             self.hits /= 2

@@ -49,9 +49,7 @@ class Verification:
         """Per merged node, whether it and all its ancestors are right (the root is); on the host."""
         if self.known_right_paths is not None:
             return self.known_right_paths
-        wrong = ~self.correct
-        wrong[0] = False
-        return (~(self.tree.ancestor_mask & wrong[None, :]).any(dim=1)).tolist()
+        return self.tree.right_paths(self.correct)
 
 
 @dataclass(frozen=True)
