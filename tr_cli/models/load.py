@@ -11,12 +11,14 @@ import torch
 from ..core.matrix import output_vocab_size
 from ..errors import ModelError, first_line
 from . import native_kernels
-from .gguf_cache import gguf_checkpoint
+from .gguf_cache import gguf_side_files
+from .gguf_load import load_gguf_model
 from .progress import Status, quiet
 from .resolve import ModelSource, resolve_model
 from .runtime import NATIVE_DTYPE, Runtime
 from .weights import quantize
 from .weights_cache import cache_name, remembered
+from .weights_mode import DENSE
 
 
 @dataclass
@@ -85,12 +87,13 @@ def kernels_dir(cache: Path) -> Path:
 
 
 def _location(source: ModelSource, cache: Path, status: Status) -> str:
-    """Where transformers loads this source from (a GGUF is converted and cached first)."""
+    """Where transformers loads this source's tokenizer and config from (a GGUF's are converted and
+    cached first; its weights are read from the file itself)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # callers show their own progress through `status`
     if source.kind == "gguf":
-        return str(gguf_checkpoint(source.path, cache / "gguf", status))
+        return str(gguf_side_files(source.path, cache / "gguf", status))
     if source.kind == "directory":
         return str(source.path)
     return source.model_id
@@ -168,20 +171,39 @@ def load_model(
         kwargs["device_map"] = "auto"  # spreads layers over GPUs (and CPU) when one GPU is too small
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=True)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(location, attn_implementation="sdpa", **kwargs)
-        except ValueError as exc:  # an architecture without SDPA support: its own attention then
-            if not any(word in str(exc).lower() for word in ("sdpa", "scaled_dot_product_attention")):
-                raise
-            model = AutoModelForCausalLM.from_pretrained(location, attn_implementation="eager", **kwargs)
+        if source.kind == "gguf":
+            model = _gguf_model(source, Path(location), runtime)
+        else:
+            try:
+                model = AutoModelForCausalLM.from_pretrained(location, attn_implementation="sdpa", **kwargs)
+            except ValueError as exc:  # an architecture without SDPA support: its own attention then
+                if not any(word in str(exc).lower() for word in ("sdpa", "scaled_dot_product_attention")):
+                    raise
+                model = AutoModelForCausalLM.from_pretrained(location, attn_implementation="eager", **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"model {source.model_id}: cannot load it as a causal LM ({first_line(exc)})") from None
-    if torch_device.type != "cuda":
+    if torch_device.type != "cuda" or source.kind == "gguf":
         model = model.to(torch_device)
     model.eval()
-    if not runtime.weights.dense:
-        _quantize(model, runtime, Path(location), cache / "quantized", source.model_id, status)
+    if not runtime.weights.dense and not (source.kind == "gguf" and runtime.dtype == NATIVE_DTYPE):
+        # a GGUF's quantized weights are not cached: the file is read at every start, nothing full-size kept
+        checkpoint = source.path if source.kind == "gguf" else Path(location)
+        _quantize(model, runtime, checkpoint, cache / "quantized", source.model_id, status)
     return LoadedModel(model, tokenizer, source, runtime)
+
+
+def _gguf_model(source: ModelSource, side_files: Path, runtime: Runtime) -> torch.nn.Module:
+    """The GGUF's model (gguf_load.py): on tr's kernels straight from the file's blocks, else
+    dequantized in the run's dtype (quantized afterwards as a checkpoint is)."""
+    from transformers import AutoConfig, GenerationConfig
+
+    config = AutoConfig.from_pretrained(side_files, local_files_only=True)
+    try:
+        generation = GenerationConfig.from_pretrained(side_files, local_files_only=True)
+    except OSError:
+        generation = None
+    weights = runtime.weights if runtime.dtype == NATIVE_DTYPE else DENSE
+    return load_gguf_model(source.path, config, generation, weights, runtime.dtype)
 
 
 def _quantize(model: torch.nn.Module, runtime: Runtime, location: Path, root: Path, name: str, status: Status) -> None:

@@ -11,8 +11,11 @@ products whose rows share each unpacked weight group (benchmarks/matmul_kernels.
 They need an x86-64 CPU with AVX2, FMA and F16C (AVX512-VNNI's dot products are used where present)
 and a C++ compiler at run time (the package ships the source, not a binary built for someone
 else's CPU). `unavailable()` says cheaply, before anything loads, why they cannot run here;
-`load` compiles once per source, torch version, compiler and flags into the cache dir (about 20 s,
-said through `status`) and loads the library into `torch.ops.tr_kernels`.
+`load` compiles once per source, torch version, compiler and flags into the cache dir (the sources
+side by side, about a minute on a 2-core VM, said through `status` with its progress; `python -m
+tr_cli.cli.build_kernels`, which `make install` runs, does it ahead), checks the library against
+the checksum its build wrote (a damaged one is built again: loading it would crash the process),
+and loads it into `torch.ops.tr_kernels`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ SOURCES = tuple(
         "fused_step.cpp",
         "row_topk.cpp",
         "cache_rows.cpp",
+        "gguf_repack.cpp",
     )
 )
 HEADERS = (Path(__file__).with_name("tr_kernels.h"),)
@@ -49,6 +53,10 @@ _COMPILE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-mavx2", "-mfma", "-mf16c", "-f
 VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 _VNNI_COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
 _LIBRARY = "tr_kernels.so"
+# Written after a build: the library's size and SHA-256, checked before every load (a library cut
+# short or overwritten would crash dlopen with a bus error or a segfault, not fail it).
+_CHECKSUM = "tr_kernels.so.sha256"
+_ESTIMATE = "a minute"  # the sources compiled in parallel, 2-core VM (a start says so before building)
 # TR_KERNELS=torch: torch's kernels; TR_KERNELS=avx2: tr's without AVX-512 (comparisons, or a way
 # around a bad build).
 _OFF = "TR_KERNELS"
@@ -115,9 +123,9 @@ def load(directory: Path, status: Status = quiet) -> Path:
     import torch
 
     library = directory / _build_key(torch.__version__) / _LIBRARY
-    if not library.is_file():
-        status("Building tr's int4/int8 kernels for this CPU (once, about 20 s)")
-        _build(library)
+    if not _whole(library):  # missing, or damaged since its build (truncated, overwritten): built again
+        status(f"Building tr's int4/int8 kernels for this CPU (once per machine, about {_ESTIMATE})")
+        _build(library, status)
     try:
         torch.ops.load_library(str(library))
     except (OSError, RuntimeError) as exc:
@@ -155,9 +163,60 @@ def _build_key(torch_version: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def _build(library: Path) -> None:
-    """Compile and link into a temporary folder beside `library`, then move the library in place:
-    a build cut short leaves nothing a later start would load."""
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _whole(library: Path) -> bool:
+    """Whether the library is there as its build wrote it (size and SHA-256 in its checksum file)."""
+    try:
+        size, digest = (library.parent / _CHECKSUM).read_text().split()
+        return library.stat().st_size == int(size) and _digest(library) == digest
+    except (OSError, ValueError):
+        return False
+
+
+def _run_all(commands: list[list[str]], library: Path, status: Status, cxx: str | None) -> None:
+    """Run the compile commands side by side (one per core), saying how many are done."""
+    pending, running, done = list(commands), [], 0
+    width = max(1, os.cpu_count() or 1)
+    try:
+        while pending or running:
+            while pending and len(running) < width:
+                command = pending.pop(0)
+                process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                running.append((command, process))
+            command, process = running.pop(0)
+            out, err = process.communicate(timeout=900)
+            if process.returncode != 0:
+                _failed(command, out, err, process.returncode, library, cxx)
+            done += 1
+            status(f"Building tr's int4/int8 kernels for this CPU: {done} of {len(commands)} sources compiled")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelBuildError(f"building tr's kernels with {cxx} failed: {exc}") from None
+    finally:
+        for _, process in running:
+            process.kill()
+            process.wait()
+
+
+def _failed(command: list[str], out: str, err: str, code: int, library: Path, cxx: str | None) -> None:
+    log = library.parent / "build.log"
+    try:
+        log.write_text(" ".join(command) + "\n\n" + out + err)
+        where = f"the whole log: {log}"
+    except OSError as exc:  # a full disk, say: the compiler's words are still shown
+        where = f"no log written: {exc.strerror}"
+    said = err.splitlines()
+    lines = [line for line in said if "error" in line.lower()] or said
+    first = lines[0].strip() if lines else f"exit status {code}"
+    raise KernelBuildError(f"building tr's kernels with {cxx} failed: {first} ({where})")
+
+
+def _build(library: Path, status: Status = quiet) -> None:
+    """Compile (the sources in parallel) and link into a temporary folder beside `library`, then
+    move the library in place and write its checksum: a build cut short leaves nothing a later
+    start would load."""
     import torch
     from torch.utils import cpp_extension
 
@@ -181,18 +240,17 @@ def _build(library: Path) -> None:
             [cxx, *compile_flags(), abi, *includes, "-c", str(source), "-o", str(obj)]
             for source, obj in zip(SOURCES, objects, strict=True)
         ]
+        _run_all(compile_steps, library, status, cxx)
         link = [cxx, "-shared", *map(str, objects), "-o", str(out), *libraries, *rpaths, "-lc10", "-ltorch_cpu"]
-        steps = [*compile_steps, [*link, "-ltorch"]]
-        for command in steps:
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=900)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise KernelBuildError(f"building tr's kernels with {cxx} failed: {exc}") from None
-            if done.returncode != 0:
-                log = library.parent / "build.log"
-                log.write_text(" ".join(command) + "\n\n" + done.stdout + done.stderr)
-                said = done.stderr.splitlines()
-                lines = [line for line in said if "error" in line.lower()] or said
-                first = lines[0].strip() if lines else f"exit status {done.returncode}"
-                raise KernelBuildError(f"building tr's kernels with {cxx} failed: {first} (the whole log: {log})")
-        os.replace(out, library)
+        _run_all([[*link, "-ltorch"]], library, quiet, cxx)
+        try:
+            (library.parent / _CHECKSUM).unlink(missing_ok=True)
+            os.replace(out, library)
+            checksum = Path(scratch) / _CHECKSUM
+            checksum.write_text(f"{library.stat().st_size} {_digest(library)}\n")
+            os.replace(checksum, library.parent / _CHECKSUM)
+        except OSError as exc:
+            raise KernelBuildError(
+                f"cannot write tr's kernels to {library.parent} ({exc.strerror}); "
+                "free some space or point TR_HOME elsewhere"
+            ) from None

@@ -35,6 +35,7 @@ Runtime.resolve:
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -233,6 +234,21 @@ def _float16(values: torch.Tensor) -> torch.Tensor:
     return values.clamp(-finite, finite).to(torch.float16)
 
 
+class WeightSource:
+    """A matmul weight not held as a float tensor (a GGUF file's blocks): what `quantize` takes for
+    it instead of the layer's own weight, which may be on the meta device."""
+
+    stored: str | None = None  # 'int4' / 'int8': the kind holding the stored values closest; None: float
+
+    def buffers(self, kind: type[_NativeLinear]) -> dict[str, torch.Tensor]:
+        """`kind`'s buffers for this weight, outputs padded to a multiple of 8."""
+        raise NotImplementedError
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight's values as an (out, in) tensor."""
+        raise NotImplementedError
+
+
 class _NativeLinear(_QuantizedLinear):
     """A layer on tr's kernels (native_kernels.py): float32 in and out, groups of 32 inputs, every
     row computed alone (so row views and tree rows are exact)."""
@@ -254,6 +270,17 @@ class _NativeLinear(_QuantizedLinear):
         if bias is not None and padded.shape[0] != out_features:
             bias = F.pad(bias.detach(), (0, padded.shape[0] - out_features))
         layer = cls(in_features, padded.shape[0], bias, quantized_buffers(cls.__name__, padded, cls._quantize))
+        layer.out_features = out_features
+        return layer
+
+    @classmethod
+    def from_source(cls, source: WeightSource, out_features: int, in_features: int, bias: torch.Tensor | None):
+        """A layer over `source`'s buffers (WeightSource), as `quantized` makes one of a float weight."""
+        buffers = source.buffers(cls)
+        padded = buffers["levels"].shape[0] * NATIVE_COLUMNS
+        if bias is not None and padded != out_features:
+            bias = F.pad(bias.detach(), (0, padded - out_features))
+        layer = cls(in_features, padded, bias, buffers)
         layer.out_features = out_features
         return layer
 
@@ -408,30 +435,48 @@ def layer_kinds(dtype: torch.dtype, mode: WeightsMode) -> tuple[type[_QuantizedL
     return kinds[mode.quantized], kinds["int8"]
 
 
-def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
+def quantize(model: nn.Module, mode: WeightsMode, sources: Mapping[str, WeightSource] | None = None) -> Quantized:
     """Replace a float32 or bfloat16 model's matmul layers with `mode` ones (the output head: int8),
     in place, on the kernels its dtype runs (layer_kinds); the rest stays as loaded (float32 buffers
     such as the rotary frequencies included). A `+bf16` mode keeps each layer's bfloat16 weight for
     prompts (the tensor itself, not a copy, where the layer is not fused). A model on tr's kernels
     also takes tr's row-exact attention where it can (row_attention.py), and then its layers' fused
-    norms, attention and MLP (fused_layers.py)."""
+    norms, attention and MLP (fused_layers.py).
+
+    `sources` (tr's kernels only): the weights of the layers they name (module names) as stored in
+    a file (WeightSource: a GGUF's blocks), whose layers' own weights may be on the meta device. A
+    layer takes the kind holding its stored values closest where that is finer than `mode` (an int8
+    Q6_K tensor in an int4 model), a fused group its finest member's kind, the head its stored kind
+    (int8 for a float one)."""
     if mode.dense:
         return Quantized(mode, 0, 0)
     kind, head_kind = layer_kinds(next(model.parameters()).dtype, mode)
+    sources = sources or {}
+    if sources and not issubclass(kind, _NativeLinear):
+        raise ValueError("stored weight sources are read into tr's kernels only (a float32 model)")
     keep = mode.bf16_prompts
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    layers = _fuse_siblings(model, kind, keep)
+    layers = _fuse_siblings(model, kind, keep, sources)
     targets = [(name, module) for name, module in model.named_modules() if _dense_weight(module) is not None and name]
     kept = 0
     for name, module in targets:
         weight = _dense_weight(module)
+        source = sources.get(name)
         layer_kind = head_kind if module is head else kind
+        if source is not None:
+            layer_kind = _stored_kind(kind, source.stored, head=module is head)
         if not layer_kind.fits(*weight.shape):
+            if source is not None:  # stays dense: its values from the file
+                module.weight = nn.Parameter(source.dense(NATIVE_DTYPE), requires_grad=False)
             kept += 1
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        layer = _layer(layer_kind, weight, getattr(module, "bias", None), keep)
+        bias = getattr(module, "bias", None)
+        if source is None:
+            layer = _layer(layer_kind, weight, bias, keep)
+        else:
+            layer = layer_kind.from_source(source, *weight.shape, bias)
         layer.head = module is head
         setattr(parent, child, layer)
         layers += 1
@@ -441,6 +486,14 @@ def quantize(model: nn.Module, mode: WeightsMode) -> Quantized:
         if use_row_attention(model):
             fuse_layers(model)
     return Quantized(mode, layers, kept)
+
+
+def _stored_kind(kind: type[_NativeLinear], stored: str | None, head: bool = False) -> type[_NativeLinear]:
+    """The kind a stored weight takes in a `kind` model (quantize's `sources`): never coarser than
+    the file holds it, nor than the mode asks; a head: its stored kind, int8 for a float one."""
+    if head:
+        return Q4Linear if stored == "int4" and kind is Q4Linear else Q8Linear
+    return Q8Linear if kind is Q8Linear or stored == "int8" else Q4Linear
 
 
 def _layer(
@@ -453,32 +506,46 @@ def _layer(
     return layer
 
 
-def _fuse_siblings(model: nn.Module, kind: type[_QuantizedLinear], keep: bool) -> int:
+def _fuse_siblings(
+    model: nn.Module, kind: type[_QuantizedLinear], keep: bool, sources: Mapping[str, WeightSource]
+) -> int:
     """Quantize each FUSED_GROUPS group as one layer over the concatenated weights (per-row scales
     and groups make that the same numbers), kept as `parent.<fused name>`; each sibling becomes a
     row view of it. A group whose views would not hold exactly what the sibling quantized alone
-    holds (torch's int4 packing interleaves blocks of rows) stays unfused. Returns how many
-    siblings were replaced."""
+    holds (torch's int4 packing interleaves blocks of rows) stays unfused. A group read from
+    `sources` takes its finest member's kind, its buffers concatenated. Returns how many siblings
+    were replaced."""
     replaced = 0
-    for parent in list(model.modules()):
+    for parent_name, parent in list(model.named_modules()):
         for fused_name, names in FUSED_GROUPS.items():
             siblings = [getattr(parent, name, None) for name in names]
             weights = [_dense_weight(m) if isinstance(m, nn.Module) else None for m in siblings]
             if any(w is None for w in weights) or len({w.shape[1] for w in weights}) != 1:
                 continue
-            if not all(kind.fits(*w.shape) for w in weights):
+            stored = [sources.get(f"{parent_name}.{name}" if parent_name else name) for name in names]
+            if any(s is None for s in stored) and any(s is not None for s in stored):
+                continue
+            group_kind = kind
+            if stored[0] is not None:
+                group_kind = max((_stored_kind(kind, s.stored) for s in stored), key=lambda k: k is Q8Linear)
+            if not all(group_kind.fits(*w.shape) for w in weights):
                 continue
             biases = [getattr(m, "bias", None) for m in siblings]
             if any(b is None for b in biases) and any(b is not None for b in biases):
                 continue
             bounds = torch.tensor([0, *[w.shape[0] for w in weights]]).cumsum(0).tolist()
-            if any(bound % kind.row_block for bound in bounds):
+            if any(bound % group_kind.row_block for bound in bounds):
                 continue
             bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-            fused = _layer(kind, torch.cat([w.detach() for w in weights]), bias, keep)
+            if stored[0] is not None:
+                parts = [s.buffers(group_kind) for s in stored]
+                buffers = {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
+                fused = group_kind(weights[0].shape[1], bounds[-1], bias, buffers)
+            else:
+                fused = _layer(group_kind, torch.cat([w.detach() for w in weights]), bias, keep)
             views = [fused.rows(start, stop) for start, stop in zip(bounds, bounds[1:], strict=False)]
-            if not kind.rows_exact:  # compare with each sibling quantized alone; keep those if they differ
-                alone = [_layer(kind, w, b, keep) for w, b in zip(weights, biases, strict=True)]
+            if not group_kind.rows_exact:  # compare with each sibling quantized alone; keep those if they differ
+                alone = [_layer(group_kind, w, b, keep) for w, b in zip(weights, biases, strict=True)]
                 if not all(_same_tensors(view, own) for view, own in zip(views, alone, strict=True)):
                     views, fused = alone, None
             if fused is not None:
