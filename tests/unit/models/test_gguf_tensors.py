@@ -1,0 +1,291 @@
+"""A GGUF's tensors go into tr's kernels from their ggml blocks (gguf_repack.cpp, gguf_tensors.py):
+the values the layers hold, type by type, against gguf's own dequantize of the file; whole tiny
+models loaded that way against transformers' `generate` and against the float route (the file
+dequantized, then quantized as a checkpoint is); what is refused; and the caches beside a GGUF
+(tokenizer and config, tr's kernels) rebuilt when damaged, never trusted."""
+
+from __future__ import annotations
+
+import shutil
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from tiny_gguf import default_types, random_blocks, write_tiny_gguf
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from tr_cli.core import StopCondition, TokenRecyclingDecoder
+from tr_cli.errors import ModelError
+from tr_cli.models import Runtime, load_model, native_kernels
+from tr_cli.models.gguf_cache import MANIFEST, gguf_side_files
+from tr_cli.models.gguf_header import read_header
+from tr_cli.models.gguf_tensors import GGUFFile, GGUFWeight
+from tr_cli.models.quantized_embedding import QuantizedEmbedding
+from tr_cli.models.weights import Q4Linear, Q8Linear
+
+from tiny_models import random_prompt, reference
+
+ROWS = 20  # not a multiple of 8: the padded column block is covered
+
+
+def one_tensor_file(tmp_path, ggml_type: T, rows: int = ROWS, columns: int = 256) -> tuple[GGUFWeight, np.ndarray]:
+    """A GGUF holding one (rows, columns) matrix of `ggml_type` and what gguf dequantizes it to."""
+    path = tmp_path / f"{ggml_type.name}.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    data = random_blocks(ggml_type, rows, columns, seed=int(ggml_type))
+    writer.add_tensor("w", data, raw_dtype=ggml_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    header = read_header(path)
+    values = gguf.quants.dequantize(data, ggml_type).reshape(rows, columns)
+    return GGUFWeight(GGUFFile(path, header), header.tensors[0]), values
+
+
+def held(layer) -> torch.Tensor:
+    """The weights a layer on tr's kernels holds, in float32, its padding rows cut off."""
+    levels, steps, minimums = layer.unpacked()
+    groups = levels.float().reshape(levels.shape[0], -1, 32)
+    values = groups * steps.float()[..., None]
+    if minimums is not None:
+        values = values + minimums.float()[..., None]
+    return values.reshape(levels.shape[0], -1)[: layer.out_features]
+
+
+@pytest.mark.parametrize(
+    ("ggml_type", "kind"), [(T.Q4_0, Q4Linear), (T.Q4_1, Q4Linear), (T.Q8_0, Q8Linear), (T.Q5_0, Q8Linear)]
+)
+def test_blocks_the_kernels_hold_as_stored_come_back_bit_for_bit(tmp_path, tr_kernels, ggml_type, kind):
+    weight, values = one_tensor_file(tmp_path, ggml_type)
+    layer = kind.from_source(weight, ROWS, 256, None)
+    assert layer.padded and torch.equal(held(layer), torch.from_numpy(values))
+
+
+def test_q4_k_differs_only_by_rounding_each_groups_step_and_minimum_to_float16(tmp_path, tr_kernels):
+    """Q4_K's value d·sc·q − dmin·m has a 17-bit step d·sc: the kernels' float16 step and minimum
+    round it. Measured on random blocks (scales 1e-3..1e-2): about 9 in 10 weights differ, by at
+    most 2⁻¹¹ of (|step·q| + |minimum|) (half a float16 unit on each), ~1e-5 of a typical weight."""
+    weight, values = one_tensor_file(tmp_path, T.Q4_K, rows=64, columns=512)
+    ours = held(Q4Linear.from_source(weight, 64, 512, None))
+    theirs = torch.from_numpy(values)
+    levels, steps, minimums = Q4Linear.from_source(weight, 64, 512, None).unpacked()
+    bound = (levels.float() * steps.float().repeat_interleave(32, 1)).abs() + minimums.float().abs().repeat_interleave(
+        32, 1
+    )
+    error = (ours - theirs).abs()
+    assert (error <= bound[:64] * 2**-11 + 1e-12).all()
+    assert 0.5 < (error > 0).float().mean() < 1  # rounding happens, and not everywhere
+
+
+@pytest.mark.parametrize(
+    ("ggml_type", "kind"),
+    [
+        (T.Q6_K, Q8Linear),
+        (T.Q5_1, Q8Linear),
+        (T.Q5_K, Q8Linear),
+        (T.Q4_K, Q8Linear),
+        (T.Q3_K, Q4Linear),
+        (T.Q2_K, Q4Linear),
+        (T.F16, Q8Linear),
+    ],
+)
+def test_other_types_are_requantized_within_half_a_step(tmp_path, tr_kernels, ggml_type, kind):
+    """Types the kernels' kind does not hold as stored: the file's values dequantized, then quantized as
+    a float weight is, so each weight is off by at most half its group's step."""
+    weight, values = one_tensor_file(tmp_path, ggml_type)
+    layer = kind.from_source(weight, ROWS, 256, None)
+    _, steps, _ = layer.unpacked()
+    error = (held(layer) - torch.from_numpy(values)).abs()
+    assert (error <= steps.float().repeat_interleave(32, 1)[:ROWS] * 0.5001 + 1e-7).all()
+
+
+# --- whole models --------------------------------------------------------------------------------
+
+
+def tiny(arch: str, tied: bool, hidden: int = 64) -> torch.nn.Module:
+    torch.manual_seed(0)
+    common = dict(
+        vocab_size=320,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        eos_token_id=3,
+        bos_token_id=1,
+        tie_word_embeddings=tied,
+    )
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(**common)).eval()
+    return Qwen2ForCausalLM(Qwen2Config(**common)).eval()
+
+
+def loaded(path, weights: str, cache) -> torch.nn.Module:
+    return load_model(str(path), Runtime.resolve("cpu", "float32", weights), cache=cache).model
+
+
+MODELS = [
+    ("llama", True, "int4", default_types(T.Q4_1, T.Q8_0)),
+    ("llama", False, "int8", default_types(T.Q8_0, T.Q5_0)),
+    ("qwen2", True, "int8", default_types(T.Q5_0, T.Q8_0)),
+    ("qwen2", False, "int4", default_types(T.Q4_0, T.Q4_1)),
+]
+
+
+@pytest.mark.parametrize(("arch", "tied", "weights", "types"), MODELS)
+def test_a_gguf_on_tr_kernels_is_lossless_against_generate(tmp_path, tr_kernels, arch, tied, weights, types):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny(arch, tied), types)
+    model = loaded(path, weights, tmp_path / "cache")
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    assert isinstance(embedding, QuantizedEmbedding)
+    assert (head.levels.data_ptr() == embedding.levels.data_ptr()) == tied  # a tied head: no second copy
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    decoder = TokenRecyclingDecoder(model)
+    for seed, (length, budget) in enumerate([(5, 12), (20, 30)]):
+        ids = random_prompt(length, seed)
+        decoder.reset()
+        assert decoder.generate(ids, StopCondition.build(budget, [3])).tokens == reference(model, ids, budget)
+
+
+@pytest.mark.parametrize(("arch", "matrices"), [("llama", T.Q8_0), ("qwen2", T.Q4_1)])
+def test_the_direct_route_is_the_float_routes_model(tmp_path, tr_kernels, arch, matrices):
+    """Q8_0 and Q4_1 blocks quantized again from their float values give the same blocks, so the model
+    read from the blocks computes what the file dequantized and quantized as a checkpoint computes:
+    the same logits, bit for bit, and the rotary frequencies of a model built on the CPU (the
+    embedding and head in float32 here: the float route keeps those dense and int8)."""
+    from tr_cli.models.weights import quantize
+    from tr_cli.models.weights_mode import WeightsMode
+
+    reference_model = tiny(arch, tied=False)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", reference_model, default_types(matrices, T.F32, T.F32))
+    direct = loaded(path, "int8" if matrices == T.Q8_0 else "int4", tmp_path / "cache")
+    dense = loaded(path, "dense", tmp_path / "cache")
+    quantize(dense, WeightsMode("int8" if matrices == T.Q8_0 else "int4"))
+    ids = torch.tensor([random_prompt(16, 0)])
+    with torch.no_grad():
+        assert torch.equal(direct(ids).logits, dense(ids).logits)
+    assert torch.equal(direct.model.rotary_emb.inv_freq, reference_model.model.rotary_emb.inv_freq)
+
+
+def test_dense_weights_are_what_transformers_gguf_loader_reads(tmp_path, tr_kernels):
+    """`--weights dense` dequantizes each tensor at load (nothing written): the very tensors transformers'
+    own GGUF loader makes, llama's permuted q/k rows included."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny("llama", tied=False, hidden=256), default_types(T.Q4_K, T.Q6_K))
+    ours = loaded(path, "dense", tmp_path / "cache").state_dict()
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).state_dict()
+    assert ours.keys() == theirs.keys()
+    for name, tensor in theirs.items():
+        assert torch.equal(ours[name], tensor), name
+    assert sorted(p.name for p in (tmp_path / "cache" / "gguf").iterdir() if p.is_dir())  # side files only
+    assert not list((tmp_path / "cache").rglob("*.safetensors"))
+
+
+def test_k_quants_on_tr_kernels_are_lossless_against_generate(tmp_path, tr_kernels):
+    """A Q4_K_M-like mix (Q4_K matrices, Q6_K embedding and v/down): q/k/v fuse into one int8 layer
+    (the finest member's kind), gate/up stay int4, and tr equals `generate`."""
+
+    def mix(name: str, array: np.ndarray) -> T:
+        if array.ndim < 2:
+            return T.F32
+        return T.Q6_K if name.startswith("token_embd") or "attn_v" in name or "ffn_down" in name else T.Q4_K
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny("qwen2", tied=True, hidden=256), mix)
+    model = loaded(path, "int4", tmp_path / "cache")
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, Q8Linear) and isinstance(layer.mlp.gate_up_proj, Q4Linear)
+    assert isinstance(layer.mlp.down_proj, Q8Linear)
+    decoder = TokenRecyclingDecoder(model)
+    ids = random_prompt(12, 1)
+    assert decoder.generate(ids, StopCondition.build(24, [3])).tokens == reference(model, ids, 24)
+
+
+def test_a_type_tr_cannot_read_is_refused_in_one_line_naming_the_tensor(tmp_path, tr_kernels):
+    model = tiny("llama", tied=True)
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, default_types(T.Q8_0))
+    # Q8_1 (an intermediate type of llama.cpp's, in no model file): sizes known, no reader
+    data = bytearray(path.read_bytes())
+    header = read_header(path)
+    q8 = next(t for t in header.tensors if t.name == "blk.0.attn_q.weight")
+    table = data.index(b"blk.0.attn_q.weight") + len("blk.0.attn_q.weight")
+    type_at = table + 4 + 8 * len(q8.dims)
+    assert int.from_bytes(data[type_at : type_at + 4], "little") == int(T.Q8_0)
+    data[type_at : type_at + 4] = int(T.Q8_1).to_bytes(4, "little")  # 36 bytes a block instead of 34: fits
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(data) + b"\0" * q8.nbytes)
+    with pytest.raises(ModelError) as caught:
+        loaded(bad, "int8", tmp_path / "cache")
+    assert str(caught.value).startswith(
+        "model bad.gguf: tensor blk.0.attn_q.weight is stored as Q8_1, which tr cannot read"
+    )
+    assert "\n" not in str(caught.value)
+
+
+# --- caches beside a GGUF: validated before use, rebuilt when damaged ------------------------------
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["empty tokenizer.json", "garbage config.json", "truncated tokenizer.json", "no manifest", "no config.json"],
+)
+def test_a_damaged_tokenizer_or_config_cache_is_converted_again(tmp_path, damage):
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny("llama", tied=True))
+    root = tmp_path / "cache"
+    said: list[str] = []
+    target = gguf_side_files(path, root, said.append)
+    files = {p.name: p.read_bytes() for p in target.iterdir()}
+    victim = {
+        "empty tokenizer.json": "tokenizer.json",
+        "garbage config.json": "config.json",
+        "truncated tokenizer.json": "tokenizer.json",
+        "no manifest": MANIFEST,
+        "no config.json": "config.json",
+    }[damage]
+    if damage.startswith("no "):
+        (target / victim).unlink()
+    else:
+        content = {"empty": b"", "garbage": b"\x00garbage{", "truncated": files[victim][:100]}[damage.split()[0]]
+        (target / victim).write_bytes(content)
+    said.clear()
+    again = gguf_side_files(path, root, said.append)
+    assert any(line.startswith("Reading tiny.gguf's tokenizer and config") for line in said)  # converted again
+    assert {p.name: p.read_bytes() for p in again.iterdir()} == files
+    AutoTokenizer.from_pretrained(again)  # whole again
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_a_damaged_kernel_library_is_built_again_never_loaded(tmp_path, tr_kernels, monkeypatch, damage):
+    """A library cut short or overwritten crashes dlopen (a bus error, a segfault: no exception to
+    catch), so it is checked against its build's checksum first and built again."""
+    key = tmp_path / native_kernels._build_key(torch.__version__)
+    key.mkdir()
+    library = key / tr_kernels.name
+    good = tr_kernels.read_bytes()
+    shutil.copy(tr_kernels.parent / native_kernels._CHECKSUM, key / native_kernels._CHECKSUM)
+    library.write_bytes(
+        {"truncated": good[:1000], "garbage": b"\x7fELF" + bytes(range(256)) * 40, "empty": b""}[damage]
+    )
+    built, opened = [], []
+
+    def rebuild(target, status=None):
+        built.append(target)
+        target.write_bytes(good)
+
+    monkeypatch.setattr(native_kernels, "_loaded", None)
+    monkeypatch.setattr(native_kernels, "_build", rebuild)
+    monkeypatch.setattr(torch.ops, "load_library", lambda where: opened.append(where))
+    assert native_kernels.load(tmp_path) == library
+    assert built == [library] and opened == [str(library)]
+    monkeypatch.setattr(native_kernels, "_loaded", None)
+    native_kernels.load(tmp_path)  # whole now: loaded as it is
+    assert built == [library] and opened == [str(library)] * 2
