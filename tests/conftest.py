@@ -36,16 +36,16 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def gguf_cache() -> Path:
-    """Where this run keeps converted GGUF checkpoints: converted once per run, whatever TR_HOME a
-    test uses."""
+    """Where this run keeps GGUFs' converted tokenizers and configs: converted once per run,
+    whatever TR_HOME a test uses."""
     path = SESSION_CACHE / "gguf"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
 def new_home(path: Path, gguf_cache: Path) -> Path:
-    """A fresh TR_HOME whose GGUF conversion cache and compiled kernels are the run's (data starts
-    empty): each is made once per run, whatever TR_HOME a test or its subprocess uses."""
+    """A fresh TR_HOME whose GGUF tokenizer/config cache and compiled kernels are the run's (data
+    starts empty): each is made once per run, whatever TR_HOME a test or its subprocess uses."""
     (path / "cache").mkdir(parents=True, exist_ok=True)
     for name, target in (("gguf", gguf_cache), ("kernels", SESSION_CACHE / "kernels")):
         target.mkdir(parents=True, exist_ok=True)
@@ -77,18 +77,25 @@ def home(tmp_path, monkeypatch, gguf_cache) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_fp32(gguf_cache):
-    """The packaged SmolLM2-135M-Instruct, float32 on the CPU (converted once per session)."""
+    """The packaged SmolLM2-135M-Instruct, float32 on the CPU (its GGUF dequantized at load)."""
     from tr_cli.models import Runtime, load_model
 
     return load_model(None, Runtime.resolve("cpu", "float32"), cache=gguf_cache.parent)
 
 
 @pytest.fixture(scope="session")
-def smollm2_checkpoint(smollm2_fp32, gguf_cache) -> Path:
-    """The directory of the converted checkpoint (config, safetensors, tokenizer)."""
-    from tr_cli.models.gguf_cache import gguf_checkpoint
+def smollm2_checkpoint(smollm2_fp32, gguf_cache, tmp_path_factory) -> Path:
+    """The packaged model as a transformers checkpoint directory (config, safetensors, tokenizer):
+    its float32 load saved once per run, beside the tokenizer files converted from the GGUF."""
+    from tr_cli.models.gguf_cache import MANIFEST, gguf_side_files
 
-    return gguf_checkpoint(smollm2_fp32.source.path, gguf_cache, lambda message: None)
+    directory = tmp_path_factory.mktemp("smollm2-checkpoint")
+    side_files = gguf_side_files(smollm2_fp32.source.path, gguf_cache, lambda message: None)
+    for source in side_files.iterdir():
+        if source.name != MANIFEST:
+            shutil.copy(source, directory / source.name)
+    smollm2_fp32.model.save_pretrained(directory)
+    return directory
 
 
 @pytest.fixture(scope="session")

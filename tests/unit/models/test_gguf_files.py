@@ -1,7 +1,7 @@
 """Hostile and damaged GGUF files get one line naming the file, what is wrong and what to do,
-before the conversion where the header tells: tensor data cut short, arrays nested thousands deep,
-a `llama` file without tokenizer or weights. A full disk while caching the converted checkpoint
-leaves no partial checkpoint behind and says how much room it needs and where.
+before the load where the header tells: tensor data cut short, arrays nested thousands deep,
+a `llama` file without tokenizer or weights. A full disk while caching the converted tokenizer and
+config leaves nothing partial behind and says how much room it needs and where.
 
 The files are written with the `gguf` package (llama.cpp's writer): a one-layer Llama with a
 byte-level BPE tokenizer that transformers converts in seconds, then damaged."""
@@ -26,8 +26,8 @@ from typer.testing import CliRunner
 
 from tr_cli.cli import app
 from tr_cli.errors import ModelError, SettingError
-from tr_cli.models import Runtime, WeightsMode, resolve_model
-from tr_cli.models.gguf_cache import gguf_checkpoint
+from tr_cli.models import Runtime, WeightsMode, load_model, resolve_model
+from tr_cli.models.gguf_cache import gguf_side_files
 from tr_cli.models.gguf_header import MAX_ARRAY_DEPTH, GGUFError, read_header
 
 HIDDEN, FFN, HEADS, KV_HEADS = 32, 64, 4, 2
@@ -222,14 +222,17 @@ def test_an_embedding_that_does_not_fit_the_metadata_is_refused(tmp_path):
     assert f"token_embd.weight has shape [{HIDDEN}, 100], but the metadata says [{HIDDEN}, {len(TOKENS)}]" in message
 
 
-def test_a_tensor_transformers_cannot_reshape_is_one_line(tmp_path):
-    """Shapes the header does not pin down fail in the conversion, and still as one line."""
+def test_a_tensor_of_another_shape_than_the_config_makes_is_one_line(tmp_path):
+    """Shapes the header does not pin down fail at the load, before the model is used, as one line."""
     tensors = tiny_tensors() | {"blk.0.attn_q.weight": np.zeros((5, 3), np.float32)}
     path = write_gguf(tmp_path / "q.gguf", tensors=tensors)
     resolve_model(str(path))  # nothing in the header says it is wrong
-    with pytest.raises(ModelError, match=r"^model q.gguf: transformers cannot convert this GGUF \(cannot reshape"):
-        gguf_checkpoint(path, tmp_path / "cache", quiet)
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == ["hashes.json"]
+    with pytest.raises(ModelError) as caught:
+        load_model(str(path), Runtime.resolve("cpu", "float32"), cache=tmp_path / "cache")
+    assert str(caught.value) == (
+        "model q.gguf: tensor blk.0.attn_q.weight has shape [5, 3], but its config makes [32, 32]; "
+        "the file is damaged or not what its metadata says"
+    )
 
 
 @pytest.mark.parametrize(
@@ -255,60 +258,59 @@ def no_partial_checkpoint(root: Path) -> bool:
     return [p.name for p in root.iterdir()] == ["hashes.json"]
 
 
-def test_no_room_for_the_checkpoint_is_refused_before_converting(tmp_path, monkeypatch):
+def test_no_room_for_the_tokenizer_and_config_is_refused_before_converting(tmp_path, monkeypatch):
     path = write_gguf(tmp_path / "tiny.gguf")
     root = tmp_path / "cache"
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda _: usage._replace(free=1_000_000))
     said = []
     with pytest.raises(ModelError) as caught:
-        gguf_checkpoint(path, root, said.append)
+        gguf_side_files(path, root, said.append)
     message = str(caught.value)
-    assert message.startswith(f"model tiny.gguf: not enough disk space to cache its converted checkpoint in {root}")
-    assert "needs about 32 MB (float32), 1 MB free" in message and "TR_HOME" in message
-    assert not any(line.startswith("Converting") for line in said)
+    assert message.startswith(
+        f"model tiny.gguf: not enough disk space to cache its converted tokenizer and config in {root}"
+    )
+    assert "needs about 32 MB, 1 MB free" in message and "TR_HOME" in message
+    assert not any(line.startswith("Reading") for line in said)
     assert no_partial_checkpoint(root)
 
 
-def full_disk_from_safetensors(tensors, filename, metadata=None):
-    """What safetensors 0.8 raises when the disk fills up, after writing part of the file."""
-    from safetensors import SafetensorError
-
-    Path(filename).write_bytes(b"\0" * 4096)
-    raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+def full_disk(self, directory, *args, **kwargs):
+    """What the OS raises when the disk fills up, after writing part of a file."""
+    (Path(directory) / "config.json").write_bytes(b"\0" * 4096)
+    raise OSError(errno.ENOSPC, "No space left on device", str(directory))
 
 
-def full_disk_from_the_os(tensors, filename, metadata=None):
-    Path(filename).write_bytes(b"\0" * 4096)
-    raise OSError(errno.ENOSPC, "No space left on device", filename)
+def test_a_disk_that_fills_up_while_caching_leaves_nothing_behind(tmp_path, monkeypatch):
+    from transformers import PretrainedConfig
 
-
-@pytest.mark.parametrize("failing_save", [full_disk_from_safetensors, full_disk_from_the_os])
-def test_a_disk_that_fills_up_while_caching_leaves_nothing_behind(tmp_path, monkeypatch, failing_save):
     path = write_gguf(tmp_path / "tiny.gguf")
     root = tmp_path / "cache"
-    monkeypatch.setattr("safetensors.torch.save_file", failing_save)  # save_model writes through it too
+    monkeypatch.setattr(PretrainedConfig, "save_pretrained", full_disk)
     with pytest.raises(ModelError) as caught:
-        gguf_checkpoint(path, root, quiet)
+        gguf_side_files(path, root, quiet)
     message = str(caught.value)
     assert "\n" not in message
-    assert message.startswith(f"model tiny.gguf: the disk filled up while caching its converted checkpoint in {root}")
+    assert message.startswith(
+        f"model tiny.gguf: the disk filled up while caching its converted tokenizer and config in {root}"
+    )
     assert "needs about 32 MB" in message and "free some space" in message and "TR_HOME" in message
-    assert no_partial_checkpoint(root)  # the partial checkpoint directory is gone
+    assert no_partial_checkpoint(root)  # the partial directory is gone
 
     monkeypatch.undo()  # room again: the next run converts and caches
-    target = gguf_checkpoint(path, root, quiet)
-    assert (target / "config.json").is_file() and (target / "model.safetensors").is_file()
+    target = gguf_side_files(path, root, quiet)
+    assert (target / "config.json").is_file() and (target / "tokenizer.json").is_file()
+    assert not list(target.glob("*.safetensors"))  # the weights are read from the GGUF itself
 
 
 def test_hashing_is_announced_only_when_the_file_is_really_read(tmp_path):
     path = write_gguf(tmp_path / "tiny.gguf")
     root = tmp_path / "cache"
     first: list[str] = []
-    gguf_checkpoint(path, root, first.append)
-    assert "Hashing tiny.gguf" in first and any(line.startswith("Converting") for line in first)
+    gguf_side_files(path, root, first.append)
+    assert "Hashing tiny.gguf" in first and any(line.startswith("Reading") for line in first)
     again: list[str] = []
-    assert gguf_checkpoint(path, root, again.append) == gguf_checkpoint(path, root, quiet)
+    assert gguf_side_files(path, root, again.append) == gguf_side_files(path, root, quiet)
     assert again == []  # the hash is remembered by path, size and time: nothing to announce
 
 
@@ -366,27 +368,6 @@ def test_a_start_parses_the_header_once(tmp_path, monkeypatch):
     assert resolve_model(str(path)).stored_as == "Q8_0" and len(sizes) == 3
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_the_converted_checkpoint_stores_a_tied_embedding_under_its_own_name(tmp_path, tied):
-    """transformers loads a tie's source (model.embed_tokens.weight) and points its target
-    (lm_head.weight) at it. A checkpoint holding only the target made every later load fill the
-    embedding with random values before tying it (0.15 s of each SmolLM2 start)."""
-    from safetensors import safe_open
-    from transformers import AutoModelForCausalLM
-
-    tensors = tiny_tensors() | ({} if tied else {"output.weight": tiny_tensors(seed=1)["token_embd.weight"]})
-    target = gguf_checkpoint(write_gguf(tmp_path / "tiny.gguf", tensors=tensors), tmp_path / "cache", quiet)
-    with safe_open(str(target / "model.safetensors"), "pt") as f:
-        names = set(f.keys())
-    assert "model.embed_tokens.weight" in names and ("lm_head.weight" in names) != tied
-    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32)
-    embedding, head = model.model.embed_tokens.weight, model.lm_head.weight
-    assert torch.equal(embedding, torch.from_numpy(tiny_tensors()["token_embd.weight"]))
-    assert (head.data_ptr() == embedding.data_ptr()) == tied
-    if not tied:
-        assert torch.equal(head, torch.from_numpy(tensors["output.weight"]))
-
-
 def test_the_converted_tokenizer_lists_its_added_tokens_in_its_config(tmp_path):
     """transformers saves a tokenizers-backed tokenizer without its added tokens in
     tokenizer_config.json, and loading it then parses the whole tokenizer.json in Python for them
@@ -396,7 +377,7 @@ def test_the_converted_tokenizer_lists_its_added_tokens_in_its_config(tmp_path):
     from tr_cli.store.matrix_file import tokenizer_fingerprint
 
     path = write_gguf(tmp_path / "tiny.gguf")
-    target = gguf_checkpoint(path, tmp_path / "cache", quiet)
+    target = gguf_side_files(path, tmp_path / "cache", quiet)
     config = json.loads((target / "tokenizer_config.json").read_text())
     end = {"content": "<|endoftext|>", "single_word": False, "lstrip": False, "rstrip": False}
     assert config["added_tokens_decoder"] == {str(len(TOKENS) - 1): end | {"normalized": False, "special": True}}
