@@ -180,14 +180,16 @@ def _fill(model: nn.Module, file: GGUFFile, names: _Names, path: Path, dtype: to
         owner_name, _, attribute = name.rpartition(".")
         owner = model.get_submodule(owner_name)
         want = tuple(params[name].shape)
-        if len(want) == 2 and attribute == "weight" and isinstance(owner, (nn.Linear, nn.Embedding)):
+        matrix = len(want) == 2 and attribute == "weight"
+        if matrix and (isinstance(owner, nn.Linear) or (owner is embeddings and isinstance(owner, nn.Embedding))):
             weight = GGUFWeight(file, tensor)
             _check_shape(path, tensor.name, weight.shape, want)
             order = names.row_order(tensor.name, weight.rows)
             weight = _FloatWeight(weight, names) if order is False else GGUFWeight(file, tensor, order)
             if kind is None:
                 _set(model, name, weight.dense(dtype))
-            elif owner is embeddings and weight.stored is not None:
+            elif owner is embeddings and weight.stored is not None and type(owner) is nn.Embedding:
+                # (a subclass, as Gemma's scaled embedding, computes more than a lookup: kept dense)
                 layer = _stored_kind(kind, weight.stored, head=True).from_source(weight, *want, None)
                 parent, _, child = owner_name.rpartition(".")
                 setattr(model.get_submodule(parent), child, QuantizedEmbedding(layer, owner.padding_idx))

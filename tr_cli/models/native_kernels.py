@@ -12,7 +12,7 @@ They need an x86-64 CPU with AVX2, FMA and F16C (AVX512-VNNI's dot products are 
 and a C++ compiler at run time (the package ships the source, not a binary built for someone
 else's CPU). `unavailable()` says cheaply, before anything loads, why they cannot run here;
 `load` compiles once per source, torch version, compiler and flags into the cache dir (the sources
-side by side, about a minute on a 2-core VM, said through `status` with its progress; `python -m
+side by side, about 40 s on 2 cores, said through `status` with its progress; `python -m
 tr_cli.cli.build_kernels`, which `make install` runs, does it ahead), checks the library against
 the checksum its build wrote (a damaged one is built again: loading it would crash the process),
 and loads it into `torch.ops.tr_kernels`.
@@ -56,7 +56,7 @@ _LIBRARY = "tr_kernels.so"
 # Written after a build: the library's size and SHA-256, checked before every load (a library cut
 # short or overwritten would crash dlopen with a bus error or a segfault, not fail it).
 _CHECKSUM = "tr_kernels.so.sha256"
-_ESTIMATE = "a minute"  # the sources compiled in parallel, 2-core VM (a start says so before building)
+_ESTIMATE = "40 s"  # 71 s of compiler CPU time, in parallel on 2 cores (a start says so before building)
 # TR_KERNELS=torch: torch's kernels; TR_KERNELS=avx2: tr's without AVX-512 (comparisons, or a way
 # around a bad build).
 _OFF = "TR_KERNELS"

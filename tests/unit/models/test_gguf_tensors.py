@@ -289,3 +289,11 @@ def test_a_damaged_kernel_library_is_built_again_never_loaded(tmp_path, tr_kerne
     monkeypatch.setattr(native_kernels, "_loaded", None)
     native_kernels.load(tmp_path)  # whole now: loaded as it is
     assert built == [library] and opened == [str(library)] * 2
+
+
+@pytest.mark.parametrize(("ggml_type", "kind"), [(T.Q4_1, Q4Linear), (T.Q8_0, Q8Linear)])
+def test_a_quantized_embeddings_rows_are_the_files_rows(tmp_path, tr_kernels, ggml_type, kind):
+    weight, values = one_tensor_file(tmp_path, ggml_type, rows=40, columns=64)
+    embedding = QuantizedEmbedding(kind.from_source(weight, 40, 64, None))
+    ids = torch.tensor([[3, 0, 39, 3], [17, 8, 9, 31]])
+    assert torch.equal(embedding(ids), torch.from_numpy(values)[ids])
