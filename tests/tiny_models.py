@@ -16,8 +16,12 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 VOCAB = 320
@@ -49,6 +53,10 @@ def _build(name: str):
                 num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **COMMON
             )
         )
+    if name == "qwen3":  # per-head q/k RMS norms
+        return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=2, head_dim=16, **COMMON))
+    if name == "phi3":  # q/k/v and gate/up each one projection in the checkpoint; rotary over half a head
+        return Phi3ForCausalLM(Phi3Config(num_hidden_layers=2, partial_rotary_factor=0.5, **COMMON))
     if name == "mistral":  # every layer sliding: one 4D mask that itself applies the window
         return MistralForCausalLM(MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, **COMMON))
     if name == "gemma2":
@@ -72,7 +80,7 @@ def _build(name: str):
     raise ValueError(name)
 
 
-ARCHITECTURES = ["llama", "qwen2", "qwen2-swa", "mistral", "gemma2", "gemma3", "gpt2"]
+ARCHITECTURES = ["llama", "qwen2", "qwen2-swa", "qwen3", "phi3", "mistral", "gemma2", "gemma3", "gpt2"]
 
 
 # Weight std (embeddings, other matrices). Default inits give near-flat logits, and the models then
