@@ -49,8 +49,7 @@ _ATTENTION_KERNELS = ("sdpa", "eager", ROW_ATTENTION)
 # A callable a model may carry (models/fused_layers.py sets it where every layer is fused) running all
 # decoder layers and the final norm in one call: (hidden (1, T, H), cos and sin: lists, one per
 # `rotary_kinds` entry, masks: one per layer or one for all, cache: CompactingCache) -> the final norm's
-# output. The direct path calls it in place of
-# the layers; it computes what they compute, bit for bit.
+# output. The direct path calls it in place of the layers; it computes what they compute, bit for bit.
 WHOLE_STEP = "tr_whole_step"
 
 
