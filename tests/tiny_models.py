@@ -16,8 +16,12 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 VOCAB = 320
@@ -49,6 +53,10 @@ def _build(name: str):
                 num_hidden_layers=3, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1, **COMMON
             )
         )
+    if name == "qwen3":  # per-head q/k RMS norms
+        return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=2, head_dim=16, **COMMON))
+    if name == "phi3":  # q/k/v and gate/up each one projection in the checkpoint; rotary over half a head
+        return Phi3ForCausalLM(Phi3Config(num_hidden_layers=2, partial_rotary_factor=0.5, **COMMON))
     if name == "mistral":  # every layer sliding: one 4D mask that itself applies the window
         return MistralForCausalLM(MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, **COMMON))
     if name == "gemma2":
@@ -63,6 +71,9 @@ def _build(name: str):
                 **COMMON,
             )
         )
+    if name == "gemma3-262k":  # Gemma 3's real vocabulary size, for the head
+        config = {**COMMON, "vocab_size": 262144}
+        return Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, **config))
     if name == "gpt2":
         return GPT2LMHeadModel(
             GPT2Config(
@@ -72,13 +83,13 @@ def _build(name: str):
     raise ValueError(name)
 
 
-ARCHITECTURES = ["llama", "qwen2", "qwen2-swa", "mistral", "gemma2", "gemma3", "gpt2"]
+ARCHITECTURES = ["llama", "qwen2", "qwen2-swa", "qwen3", "phi3", "mistral", "gemma2", "gemma3", "gpt2"]
 
 
 # Weight std (embeddings, other matrices). Default inits give near-flat logits, and the models then
 # repeat one token forever; these give varied text with some repetition, so drafts are sometimes
 # right and often wrong. Gemma scales embeddings by sqrt(hidden), hence its smaller embedding std.
-_INIT_STD = {"gemma2": (0.01, 0.2), "gemma3": (0.01, 0.2)}
+_INIT_STD = {"gemma2": (0.01, 0.2), "gemma3": (0.01, 0.2), "gemma3-262k": (0.01, 0.2)}
 
 
 def tiny_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -66,7 +66,7 @@ inline void weighted_sum(float* a, const float* e, const float* v, int64_t strid
 // No mask: every key visible (causal: key j visible to query i iff j <= i, keys cut to Q as
 // transformers' SDPA path does).
 at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const c10::optional<at::Tensor>& mask_in, double scale, bool causal) {
+                         const c10::optional<at::Tensor>& mask_in, double scale, bool causal, double softcap) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(0) == 1, "q, k, v: (1, heads, tokens, dim)");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "float32");
   const int64_t H = q.size(1), Q = q.size(2), D = q.size(3), KVH = k.size(1);
@@ -75,6 +75,7 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
                   H % KVH == 0,
               "shapes");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "contiguous head dim");
+  TORCH_CHECK(softcap >= 0, "softcap: > 0, or 0 for none");
   const bool has_mask = mask_in.has_value() && mask_in->defined();
   if (!has_mask && causal && Q > 1) L = std::min(L, Q);
   at::Tensor mask;
@@ -94,6 +95,8 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
   float* op = out.data_ptr<float>();
   const int64_t group = H / KVH;
   const float fscale = static_cast<float>(scale);
+  const bool capped = softcap > 0;
+  const __m256 scale8 = _mm256_set1_ps(fscale), cap8 = _mm256_set1_ps(static_cast<float>(softcap));
   const bool* mask_bool = has_mask && bool_mask ? mask.data_ptr<bool>() : nullptr;
   const float* mask_add = has_mask && !bool_mask ? mask.data_ptr<float>() : nullptr;
   const int64_t mask_heads = has_mask && mask.size(1) > 1 ? mask.stride(1) : 0;
@@ -137,11 +140,16 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
           const int64_t stop = std::min(k0 + kKeys, visible[r]);
           for (int64_t j0 = k0; j0 < stop; j0 += 8) {
             alignas(32) float s8[8];
-            _mm256_store_ps(s8, scores8(qi, kb, ks2, j0, visible[r] - 1, D));
+            const __m256 raw = scores8(qi, kb, ks2, j0, visible[r] - 1, D);
+            // Soft-capped as Gemma 2's eager attention: scaled, divided by the cap, tanh, times the cap.
+            if (capped)
+              _mm256_store_ps(s8, _mm256_mul_ps(tr::tanh8(_mm256_div_ps(_mm256_mul_ps(raw, scale8), cap8)), cap8));
+            else
+              _mm256_store_ps(s8, raw);
             for (int64_t j = j0; j < std::min(j0 + 8, stop); ++j) {
               const bool seen = mask_bool == nullptr || mask_bool[mask_at + j * mask_col];
               const float add = mask_add == nullptr ? 0.0f : mask_add[mask_at + j * mask_col];
-              e[j] = seen ? s8[j - j0] * fscale + add : hidden;
+              e[j] = !seen ? hidden : capped ? s8[j - j0] + add : s8[j - j0] * fscale + add;
               top[r] = std::max(top[r], e[j]);
             }
           }
@@ -201,6 +209,8 @@ at::Tensor tr::row_attention(const at::Tensor& q, const at::Tensor& k, const at:
 }
 
 TORCH_LIBRARY_FRAGMENT(tr_kernels, m) {
-  m.def("row_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool causal) -> Tensor");
+  m.def(
+      "row_attention(Tensor q, Tensor k, Tensor v, Tensor? mask, float scale, bool causal, float softcap=0.0) "
+      "-> Tensor");
 }
 TORCH_LIBRARY_IMPL(tr_kernels, CPU, m) { m.impl("row_attention", &tr::row_attention); }

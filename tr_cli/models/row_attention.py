@@ -8,15 +8,15 @@ keys in order, masked keys adding exact zeros, so a tree's rows equal one-token 
 
 It plugs in through transformers' public interfaces: the function under AttentionInterface, SDPA's
 mask builder under AttentionMaskInterface, `model.set_attn_implementation`; `generate` and tr then
-run the same attention. Llama-family decoders only (plain scaled dot-product attention: no
-softcapping, sinks or position biases), float32.
+run the same attention. The direct path's families only (core/forward.py's DIRECT_FAMILIES: scaled
+dot-product attention, soft-capped in Gemma 2; no sinks or position biases), float32.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..core.forward import LLAMA_FAMILY, ROW_ATTENTION
+from ..core.forward import DIRECT_FAMILIES, ROW_ATTENTION
 from .runtime import NATIVE_DTYPE
 
 _registered = False
@@ -36,18 +36,20 @@ def row_attention(
     """transformers' attention-function contract: (batch 1, heads, queries, dim) query, key/value
     heads unrepeated, a 4D mask (additive float or boolean) or None; returns (1, queries, heads,
     dim) and no weights. None with several queries means causal, keys cut to the queries, as
-    transformers' SDPA path does."""
-    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
-        raise ValueError("tr's row attention takes plain scaled dot-product attention only")
+    transformers' SDPA path does. `softcap`: scores soft-capped as transformers' eager attention does."""
+    if kwargs.get("s_aux") is not None:
+        raise ValueError("tr's row attention takes scaled dot-product attention without sinks only")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return torch.ops.tr_kernels.row_attention(query, key, value, attention_mask, scale, causal), None
+    softcap = float(kwargs.get("softcap") or 0.0)
+    return torch.ops.tr_kernels.row_attention(query, key, value, attention_mask, scale, causal, softcap), None
 
 
 def supports(model: torch.nn.Module) -> bool:
-    """A float32 Llama-family decoder with batch-1 attention this function computes exactly."""
+    """A float32 decoder of the direct path's families with batch-1 attention this function computes
+    exactly."""
     config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in LLAMA_FAMILY:
+    if getattr(config, "model_type", None) not in DIRECT_FAMILIES:
         return False
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads

@@ -302,7 +302,7 @@ def test_models_on_tr_kernels_take_the_row_attention_where_it_fits(arch):
     model = tiny_model(arch)
     before = model.config._attn_implementation
     quantize(model, WeightsMode.parse("int4"))
-    expected = "tr_rows" if arch in ("llama", "qwen2", "qwen2-swa", "mistral") else before
+    expected = "tr_rows" if arch != "gpt2" else before  # the direct path's families
     assert model.config._attn_implementation == expected
     bf16 = tiny_model(arch, dtype=torch.bfloat16)
     quantize(bf16, WeightsMode.parse("int4"))  # torch's kernels: transformers' attention stays
