@@ -55,8 +55,13 @@ def _build(name: str):
         )
     if name == "qwen3":  # per-head q/k RMS norms
         return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=2, head_dim=16, **COMMON))
+    if name == "qwen3-gguf":  # Qwen3's real head dim (128): transformers' GGUF config map reads none for qwen3
+        return Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=2, head_dim=128, **COMMON))
     if name == "phi3":  # q/k/v and gate/up each one projection in the checkpoint; rotary over half a head
         return Phi3ForCausalLM(Phi3Config(num_hidden_layers=2, partial_rotary_factor=0.5, **COMMON))
+    if name == "phi3-gguf":  # Phi-3's real vocabulary (32,064): its config's default pad id, 32000, must fit
+        config = {**COMMON, "vocab_size": 32064}
+        return Phi3ForCausalLM(Phi3Config(num_hidden_layers=2, **config))
     if name == "mistral":  # every layer sliding: one 4D mask that itself applies the window
         return MistralForCausalLM(MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, **COMMON))
     if name == "gemma2":
