@@ -76,6 +76,18 @@ def test_init_from_files_and_bad_corpus(home, tiny_llama_dir, tmp_path):
     assert out.exit_code == 1 and "--from: the files hold no text" in out.output
 
 
+def test_init_from_a_file_on_the_packaged_models_default_weights(home, smollm2_checkpoint, tmp_path):
+    """The README's first command, on the default weights (int4 on tr's kernels where they run,
+    whose layers take batch 1: the texts' chunks went in as one batch and failed with
+    'x: (1, tokens, hidden)')."""
+    text = tmp_path / "notes.txt"
+    text.write_text("The cat sat on the mat.\n\nThe dog sat on the log.\n\nA bird sang in the old oak tree.")
+    out = tr("matrix", "init", "smollm2", "--from", str(text))
+    assert out.exit_code == 0, out.output
+    assert "recycled store: 3 texts" in out.output.replace("\n", " ")
+    assert read_matrix(stored(home)).rows_filled >= 15
+
+
 def test_export_import_round_trip_and_refusals(home, tiny_llama_dir, tmp_path):
     model = str(tiny_llama_dir)
     assert tr("matrix", "init", model).exit_code == 0

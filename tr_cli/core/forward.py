@@ -53,6 +53,12 @@ _ATTENTION_KERNELS = ("sdpa", "eager", ROW_ATTENTION)
 WHOLE_STEP = "tr_whole_step"
 
 
+def takes_batches(model: torch.nn.Module) -> bool:
+    """Whether `model`'s forward takes several sequences in one call: not on tr's row attention (it
+    and the fused layers built on it take batch 1). Whatever feeds a model batches through this."""
+    return getattr(getattr(model, "config", None), "_attn_implementation", None) != ROW_ATTENTION
+
+
 class WholeAttention(torch.nn.Module):
     """An attention module that computes its projections, rotary embedding and cache update itself,
     called with the model's own arguments (hidden states, position_embeddings, attention_mask, cache);

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import torch
 
 from .decode import PREFILL_CHUNK
+from .forward import takes_batches
 from .matrix import update_rows
 from .verify import TopCandidates
 
@@ -20,13 +21,15 @@ def fill_from_token_lists(
     token_lists: list[list[int]],
     progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Prefill every list (cut into chunks, batched by length) and write the top-k rows.
+    """Prefill every list (cut into chunks, batched by length where the model `takes_batches`,
+    one at a time where it does not) and write the top-k rows.
 
     Right padding is harmless under a causal mask: real positions never see the pad after them,
     and the padded positions' outputs are not used. Returns the number of positions written.
     """
     device = matrix.device
     k = matrix.shape[1]
+    batch_tokens = BATCH_TOKENS if takes_batches(model) else 0
     chunks = [ids[i : i + PREFILL_CHUNK] for ids in token_lists for i in range(0, len(ids), PREFILL_CHUNK)]
     chunks = [c for c in chunks if c]
     chunks.sort(key=len, reverse=True)
@@ -34,7 +37,7 @@ def fill_from_token_lists(
     i = 0
     while i < len(chunks):
         width = len(chunks[i])
-        batch = chunks[i : i + max(1, BATCH_TOKENS // width)]
+        batch = chunks[i : i + max(1, batch_tokens // width)]
         i += len(batch)
         ids = torch.zeros(len(batch), width, dtype=torch.long, device=device)
         for row, chunk in enumerate(batch):

@@ -52,12 +52,13 @@ from .device import dtype_name
 from .fused_layers import fuse_layers
 from .row_attention import use_row_attention
 from .runtime import NATIVE_DTYPE, QUANTIZED_DTYPE
-from .weights_cache import quantized_buffers
+from .weights_cache import Layout, quantized_buffers
 from .weights_mode import DENSE, WeightsMode
 
 INT4_GROUP = 32
 _INT4_ROWS = 16  # the CPU int4 packing takes output sizes divisible by 16
 _INT4_INNER_TILES = 2
+_INT8_ROW_BYTES = 16  # torch's int8 kernel takes rows of whole 16-byte vectors
 
 
 def _groups(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -93,11 +94,17 @@ class _QuantizedLinear(nn.Module):
     def quantized(cls, weight: torch.Tensor, bias: torch.Tensor | None) -> _QuantizedLinear:
         """`weight` (out, in) quantized into a new layer."""
         out_features, in_features = weight.shape
-        buffers = quantized_buffers(cls.__name__, weight.detach().float(), cls._quantize)
+        buffers = quantized_buffers(cls.__name__, weight.detach().float(), cls._quantize, cls.layout(*weight.shape))
         return cls(in_features, out_features, bias, buffers)
 
     @staticmethod
     def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    @staticmethod
+    def layout(out_features: int, in_features: int) -> Layout:
+        """The shape and dtype of each buffer `_quantize` gives for an (out, in) weight: what a
+        weights cache replays must have them (weights_cache.py)."""
         raise NotImplementedError
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -154,12 +161,18 @@ class Int8Linear(_QuantizedLinear):
         quantized = (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
         return {"weight_int8": quantized.contiguous(), "scales": scales.to(QUANTIZED_DTYPE)}
 
+    @staticmethod
+    def layout(out_features: int, in_features: int) -> Layout:
+        return {"weight_int8": ((out_features, in_features), torch.int8), "scales": ((out_features,), QUANTIZED_DTYPE)}
+
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.weight_int8, self.scales)
 
     @staticmethod
     def fits(out_features: int, in_features: int) -> bool:
-        return True
+        # The AVX-512 kernel reads weight rows with 16-byte aligned loads: other row lengths gave
+        # wrong numbers, and crashed on some row counts (torch 2.13, Sapphire Rapids).
+        return in_features % _INT8_ROW_BYTES == 0
 
     def _share(self, start: int, stop: int) -> Int8Linear:
         # Whole rows: contiguous views.
@@ -183,6 +196,13 @@ class Int4Linear(_QuantizedLinear):
         return {
             "scales_and_zeros": torch.stack([scales.t(), zeros.t()], dim=-1).to(QUANTIZED_DTYPE).contiguous(),
             "weight_int4": torch.ops.aten._convert_weight_to_int4pack_for_cpu(levels, _INT4_INNER_TILES),
+        }
+
+    @staticmethod
+    def layout(out_features: int, in_features: int) -> Layout:
+        return {
+            "scales_and_zeros": ((in_features // INT4_GROUP, out_features, 2), QUANTIZED_DTYPE),
+            "weight_int4": ((out_features, in_features // 2), torch.uint8),  # two levels a byte
         }
 
     @staticmethod
@@ -269,7 +289,8 @@ class _NativeLinear(_QuantizedLinear):
         padded = _columns_padded(weight.detach().float())
         if bias is not None and padded.shape[0] != out_features:
             bias = F.pad(bias.detach(), (0, padded.shape[0] - out_features))
-        layer = cls(in_features, padded.shape[0], bias, quantized_buffers(cls.__name__, padded, cls._quantize))
+        buffers = quantized_buffers(cls.__name__, padded, cls._quantize, cls.layout(*padded.shape))
+        layer = cls(in_features, padded.shape[0], bias, buffers)
         layer.out_features = out_features
         return layer
 
@@ -341,6 +362,12 @@ class Q4Linear(_NativeLinear):
             "minimums": _column_values(minimums),
         }
 
+    @staticmethod
+    def layout(out_features: int, in_features: int) -> Layout:
+        blocks, groups = out_features // NATIVE_COLUMNS, in_features // INT4_GROUP
+        values = ((blocks, groups, NATIVE_COLUMNS), torch.float16)
+        return {"levels": ((blocks, groups, 16 * NATIVE_COLUMNS), torch.uint8), "steps": values, "minimums": values}
+
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return torch.ops.tr_kernels.int4_mm(x, self.levels, self.steps, self.minimums, bias)
 
@@ -366,6 +393,14 @@ class Q8Linear(_NativeLinear):
         step = steps.float().masked_fill(steps == 0, 1)[..., None]
         levels = (groups / step).round().clamp(-127, 127).to(torch.int8)
         return {"levels": _column_blocks(levels, 32), "steps": _column_values(steps)}
+
+    @staticmethod
+    def layout(out_features: int, in_features: int) -> Layout:
+        blocks, groups = out_features // NATIVE_COLUMNS, in_features // INT4_GROUP
+        return {
+            "levels": ((blocks, groups, 32 * NATIVE_COLUMNS), torch.int8),
+            "steps": ((blocks, groups, NATIVE_COLUMNS), torch.float16),
+        }
 
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return torch.ops.tr_kernels.int8_mm(x, self.levels, self.steps, bias)

@@ -9,6 +9,14 @@ the file is written again at the end (atomically). The caller keys `path` by wha
 result (the checkpoint's files, the mode, tr's quantizing code and kernel sources, torch's version
 and CPU capability, whose int4 packing differs by instruction set), so a mismatch is a safety net,
 not the rule; an older variant of the same checkpoint and mode is removed when a new one is kept.
+
+What is replayed is checked before a kernel sees it, so no file can crash a start: each buffer's
+name, shape and dtype against the layout its kind computes for that weight, its bytes against the
+CRC-32 stored with them, and it is copied into memory of torch's own alignment. A tensor read
+from safetensors lies at its offset in the file, 8-byte aligned only, and torch's int8 kernel
+(`_weight_int8pack_mm`, AVX-512, 4 rows or more) reads its weight with 16-byte aligned loads: the
+int8 output head of an int4/int8 bfloat16 model replayed at an odd multiple of 8 crashed every
+later start (SIGSEGV). Whatever fails a check is computed afresh, and the file written again.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import hashlib
 import json
 import os
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
@@ -26,8 +35,11 @@ import torch
 
 _QUANTIZING_CODE = (Path(__file__).with_name("weights.py"),)  # with the kernel sources: see cache_name
 
-# Bump when a kind's buffers change for the same weight (a new packing, rounding, padding).
-PACKING_VERSION = 1
+# Bump when a kind's buffers change for the same weight (a new packing, rounding, padding) or the
+# file's index does (2: each buffer's shape, dtype and CRC-32).
+PACKING_VERSION = 2
+ALIGNMENT = 64  # bytes: torch's CPU allocator's, which every kernel we call takes
+Layout = dict[str, tuple[tuple[int, ...], torch.dtype]]  # a kind's buffers for one weight: name -> shape, dtype
 _SAMPLES = 8  # rows and columns of each weight whose values are compared with the stored run's
 
 
@@ -48,12 +60,17 @@ class _Memory:
         self.replaying = True
 
     def buffers(
-        self, kind: str, weight: torch.Tensor, compute: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+        self,
+        kind: str,
+        weight: torch.Tensor,
+        compute: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+        layout: Layout,
     ) -> dict[str, torch.Tensor]:
         probe = _probe(weight)
         at = len(self.calls)
-        if self.replaying and at < len(self.stored) and self.stored[at][:2] == (kind, probe):
-            buffers = self.stored[at][2]
+        stored = self.stored[at] if self.replaying and at < len(self.stored) else None
+        if stored is not None and stored[:2] == (kind, probe) and fits_layout(stored[2], layout):
+            buffers = stored[2]
         else:
             if self.replaying:
                 self.replaying, self.stored = False, []  # nothing more to take: free it now
@@ -68,9 +85,11 @@ class _Memory:
 
         tensors, index = {}, []
         for i, (kind, probe, buffers) in enumerate(self.calls):
-            index.append([kind, probe, sorted(buffers)])
-            for name, tensor in buffers.items():
-                tensors[f"{i}.{name}"] = tensor.contiguous()
+            entry = {}
+            for name, tensor in sorted(buffers.items()):
+                tensors[f"{i}.{name}"] = tensor = tensor.contiguous()
+                entry[name] = [list(tensor.shape), str(tensor.dtype), _crc(tensor)]
+            index.append([kind, probe, entry])
         meta = {"index": json.dumps(index), "packing_version": str(PACKING_VERSION)}
         payload = save(tensors, metadata=meta)
         # Written beside and renamed over: a reader sees the old file or the new one. A cache, so
@@ -92,10 +111,30 @@ class _Memory:
                 old.unlink()
 
 
+def fits_layout(buffers: dict[str, torch.Tensor], layout: Layout) -> bool:
+    """Whether `buffers` are what a kernel of that `layout` may be given: the same names, shapes and
+    dtypes, contiguous, at ALIGNMENT."""
+    return buffers.keys() == layout.keys() and all(
+        tuple(tensor.shape) == layout[name][0]
+        and tensor.dtype == layout[name][1]
+        and tensor.is_contiguous()
+        and tensor.data_ptr() % ALIGNMENT == 0
+        for name, tensor in buffers.items()
+    )
+
+
+def _crc(tensor: torch.Tensor) -> int:
+    """CRC-32 of a contiguous tensor's bytes (65 ms for SmolLM2's 139 MB of int4+bf16 buffers)."""
+    return zlib.crc32(tensor.reshape(-1).view(torch.uint8).numpy()) if tensor.numel() else 0
+
+
 def _read(path: Path) -> list[tuple[str, str, dict[str, torch.Tensor]]]:
-    """The stored calls, or none when the file is missing, unreadable or of another packing."""
+    """The stored calls up to the first whose buffers do not read back as written (shape, dtype,
+    CRC-32), each buffer copied out of the file into memory of torch's alignment; none when the file
+    is missing, unreadable or of another packing."""
     from safetensors import SafetensorError, safe_open
 
+    calls: list[tuple[str, str, dict[str, torch.Tensor]]] = []
     try:
         if not path.is_file():
             return []
@@ -103,23 +142,30 @@ def _read(path: Path) -> list[tuple[str, str, dict[str, torch.Tensor]]]:
             meta = f.metadata() or {}
             if meta.get("packing_version") != str(PACKING_VERSION):
                 return []
-            return [
-                (kind, probe, {name: f.get_tensor(f"{i}.{name}") for name in names})
-                for i, (kind, probe, names) in enumerate(json.loads(meta["index"]))
-            ]
-    except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError):
-        return []  # a damaged cache is recomputed and replaced, never trusted
+            for i, (kind, probe, entry) in enumerate(json.loads(meta["index"])):
+                buffers = {}
+                for name, (shape, dtype, crc) in entry.items():
+                    # A copy: the file's tensor lies at its offset in the file, 8-byte aligned only.
+                    tensor = f.get_tensor(f"{i}.{name}").clone(memory_format=torch.contiguous_format)
+                    if list(tensor.shape) != shape or str(tensor.dtype) != dtype or _crc(tensor) != crc:
+                        return calls
+                    buffers[name] = tensor
+                calls.append((kind, probe, buffers))
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError):
+        return calls  # what read back whole is replayed; the rest is recomputed and the file replaced
+    return calls
 
 
 _ACTIVE: ContextVar[_Memory | None] = ContextVar("quantized_weights", default=None)
 
 
 def quantized_buffers(
-    kind: str, weight: torch.Tensor, compute: Callable[[torch.Tensor], dict[str, torch.Tensor]]
+    kind: str, weight: torch.Tensor, compute: Callable[[torch.Tensor], dict[str, torch.Tensor]], layout: Layout
 ) -> dict[str, torch.Tensor]:
-    """`compute(weight)`, or what the remembered run stored for this call."""
+    """`compute(weight)`, or what the remembered run stored for this call where it has `layout`
+    (the buffers `compute` gives for a weight of this shape)."""
     memory = _ACTIVE.get()
-    return compute(weight) if memory is None else memory.buffers(kind, weight, compute)
+    return compute(weight) if memory is None else memory.buffers(kind, weight, compute, layout)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,8 @@ from tr_cli.core.errors import SettingError
 from tr_cli.core.sampling_config import SamplingRequest
 from tr_cli.core.stopping import NoRoomForReply, reply_budget
 from tr_cli.engine.options import DEFAULT_MAX_NEW_TOKENS, MAX_K, DecodingOptions
-from tr_cli.models import DENSE, Runtime, WeightsMode
+from tr_cli.models import DENSE, Runtime, WeightsMode, native_kernels
+from tr_cli.models.runtime import TORCH_KERNELS_WHERE_TRS_RUN
 
 
 def test_the_defaults_are_one_value():
@@ -88,7 +89,8 @@ def test_weights_modes_parse_and_print_back():
     assert WeightsMode.parse("dense") is DENSE and DENSE.dense
     with pytest.raises(ValueError):
         WeightsMode(None, bf16_prompts=True)
-    assert Runtime.resolve("cpu", "bfloat16", "int8").describe() == "int8 weights, bfloat16 on torch's kernels"
+    torch_kernels = "torch's kernels" if native_kernels.unavailable() else TORCH_KERNELS_WHERE_TRS_RUN
+    assert Runtime.resolve("cpu", "bfloat16", "int8").describe() == f"int8 weights, bfloat16 on {torch_kernels}"
     assert Runtime.resolve("cpu", "float32").describe() == "float32"
 
 
