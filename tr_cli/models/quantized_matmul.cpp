@@ -253,26 +253,39 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-1 and 5-6: the sums of the two column blocks for even and odd groups; 2: the activations;
-// 3-4 (7 for odd groups' second block): the blocks' levels, 8 rows of 4 inputs x 8 columns.
+// Two sets of tiles, for even and odd groups (so that one group's products overlap the other's
+// scaling): sums 0 / 3 (rows x 16 int32), activations 1 / 4 (rows x 32), levels 2 / 5 (8 x 64 bytes).
 void configure_tiles(int rows) {
   TileConfig c;
-  for (int t : {0, 1, 5, 6}) c.rows[t] = rows, c.colsb[t] = 32;
-  c.rows[2] = rows, c.colsb[2] = kGroup;
-  for (int t : {3, 4, 7}) c.rows[t] = 8, c.colsb[t] = 32;
+  for (int t : {0, 3}) c.rows[t] = rows, c.colsb[t] = 64;
+  for (int t : {1, 4}) c.rows[t] = rows, c.colsb[t] = kGroup;
+  for (int t : {2, 5}) c.rows[t] = 8, c.colsb[t] = 64;
   // Not _tile_loadconfig: GCC 12 does not see that it reads the whole struct and drops the stores.
   asm volatile("ldtilecfg %0" ::"m"(c));
 }
 
-// Int4 levels of one (block, group) as bytes in the int8 layout: vector i of the packed 128 bytes
-// holds inputs 4i..4i+3 (low nibbles) and 4(i+4).. (high nibbles).
-inline void unpack_int4(const uint8_t* q, uint8_t* out) {
-  const __m512i low = _mm512_set1_epi8(0x0F);
-  const __m512i a = _mm512_loadu_si512(q), b = _mm512_loadu_si512(q + 64);
-  _mm512_storeu_si512(out, _mm512_and_si512(a, low));
-  _mm512_storeu_si512(out + 64, _mm512_and_si512(b, low));
-  _mm512_storeu_si512(out + 128, _mm512_and_si512(_mm512_srli_epi16(a, 4), low));
-  _mm512_storeu_si512(out + 192, _mm512_and_si512(_mm512_srli_epi16(b, 4), low));
+// One group's levels of blocks b and b+1 as one tile of 8 rows (4 inputs each) x 16 columns, block b's
+// 8 columns first: int8 as they are, int4 unpacked (vector i of a block's packed 128 bytes holds inputs
+// 4i..4i+3 in its low nibbles, 4(i+4).. in its high ones). A lone last block fills both halves.
+template <bool kInt4>
+__attribute__((always_inline)) inline void pair_levels(const uint8_t* first, const uint8_t* second, uint8_t* out) {
+  if constexpr (kInt4) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 2; ++k) {
+      const __m512i a = _mm512_loadu_si512(first + 64 * k), b = _mm512_loadu_si512(second + 64 * k);
+      const __m512i rows[2] = {_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE)};
+      for (int r = 0; r < 2; ++r) {
+        _mm512_store_si512(out + 64 * (2 * k + r), _mm512_and_si512(rows[r], low));
+        _mm512_store_si512(out + 64 * (2 * k + r + 4), _mm512_and_si512(_mm512_srli_epi16(rows[r], 4), low));
+      }
+    }
+  } else {
+    for (int k = 0; k < 4; ++k) {
+      const __m512i a = _mm512_loadu_si512(first + 64 * k), b = _mm512_loadu_si512(second + 64 * k);
+      _mm512_store_si512(out + 64 * (2 * k), _mm512_shuffle_i64x2(a, b, 0x44));
+      _mm512_store_si512(out + 64 * (2 * k + 1), _mm512_shuffle_i64x2(a, b, 0xEE));
+    }
+  }
 }
 
 template <bool kInt4>
@@ -285,78 +298,66 @@ struct TileWeights {
 
 // The tile instructions name their tiles by number in the instruction itself (macros that paste
 // the number): one copy of a group's tile work per set of tiles.
-#define TR_GROUP_TILES(C0, C1, B1)                                      \
-  _tile_zero(C0);                                                       \
-  _tile_loadd(3, levels[0], 32);                                        \
-  if constexpr (kInt4) _tile_dpbsud(C0, 2, 3); else _tile_dpbssd(C0, 2, 3); \
-  _tile_stored(C0, sums, 64);                                           \
-  if constexpr (NB == 2) {                                              \
-    _tile_zero(C1);                                                     \
-    _tile_loadd(B1, levels[1], 32);                                     \
-    if constexpr (kInt4) _tile_dpbsud(C1, 2, B1); else _tile_dpbssd(C1, 2, B1); \
-    _tile_stored(C1, sums + 8, 64);                                     \
-  }
+#define TR_GROUP_TILES(C, A, B)                                              \
+  _tile_loadd(A, x.a + m0 * x.K + g * kGroup, x.K);                         \
+  _tile_loadd(B, levels, 64);                                                \
+  _tile_zero(C);                                                             \
+  if constexpr (kInt4) _tile_dpbsud(C, A, B); else _tile_dpbssd(C, A, B);    \
+  _tile_stored(C, sums, 64);
 
-// One group's integer sums for rows m0.. (the tiles' row count) and blocks b, b+NB-1, into sums
-// (16 int32 a row: block b's 8 columns, then block b+1's); odd groups on the second set of tiles.
+// One group's integer sums for rows m0.. (the tiles' row count) and blocks b, b+1 (b twice for a
+// lone block) into sums (16 int32 a row); odd groups on the second set of tiles.
 template <bool kInt4, int NB, bool kOdd>
-inline void group_sums(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t g,
-                       uint8_t* unpacked, int32_t* sums) {
-  _tile_loadd(2, x.a + m0 * x.K + g * kGroup, x.K);
-  const uint8_t* levels[NB];
-  for (int k = 0; k < NB; ++k) {
-    const int64_t at = (b + k) * w.G + g;
-    if constexpr (kInt4) {
-      const uint8_t* q = static_cast<const uint8_t*>(w.q) + at * 128;
-      prefetch_lines(q, 2);
-      unpack_int4(q, unpacked + 256 * k);
-      levels[k] = unpacked + 256 * k;
-    } else {
-      levels[k] = static_cast<const uint8_t*>(w.q) + at * 256;
-      prefetch_lines(levels[k], 4);
-    }
-  }
+__attribute__((always_inline)) inline void group_sums(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t g,
+                       uint8_t* levels, int32_t* sums) {
+  constexpr int64_t bytes = kInt4 ? 128 : 256;
+  const uint8_t* first = static_cast<const uint8_t*>(w.q) + (b * w.G + g) * bytes;
+  const uint8_t* second = NB == 2 ? first + w.G * bytes : first;
+  prefetch_lines(first, bytes / 64);
+  if constexpr (NB == 2) prefetch_lines(second, bytes / 64);
+  pair_levels<kInt4>(first, second, levels);
   if constexpr (kOdd) {
-    TR_GROUP_TILES(5, 6, 7)
+    TR_GROUP_TILES(3, 4, 5)
   } else {
-    TR_GROUP_TILES(0, 1, 4)
+    TR_GROUP_TILES(0, 1, 2)
   }
 }
 
 // Rows m0..m0+MR of blocks b..b+NB-1: every group's sums from the tiles, scaled in registers.
 template <bool kInt4, int NB, int MR>
 void tile_rows(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t N, float* out) {
-  alignas(64) uint8_t unpacked[2][512];
+  alignas(64) uint8_t levels[2][512];
   alignas(64) int32_t sums[2][kTileRows * 16];
   const __mmask16 lanes = NB == 2 ? 0xFFFF : 0x00FF;
   __m512 acc[MR];
   UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
-  auto half_words = [&](const uint16_t* v, int64_t g) {
+  auto half_words = [&](const uint16_t* v, int64_t g) __attribute__((always_inline)) {
     const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + (b * w.G + g) * 8));
     const __m128i hi = NB == 2 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + ((b + 1) * w.G + g) * 8))
                                : _mm_setzero_si128();
     return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
   };
-  auto scale = [&](int64_t g, const int32_t* s) {
+  // Inlined, or the accumulators (caller-saved registers) would go to memory around each call.
+  auto scale = [&](int64_t g, const int32_t* s) __attribute__((always_inline)) {
     const __m512 dw = half_words(w.d, g);
     [[maybe_unused]] __m512 mw;
     if constexpr (kInt4) mw = half_words(w.mn, g);
     UNROLL for (int m = 0; m < MR; ++m) {
       const int64_t at = (m0 + m) * x.G + g;
-      const __m512 dots = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(lanes, s + 16 * m));
+      const __m512 dots = _mm512_cvtepi32_ps(_mm512_load_si512(s + 16 * m));
       acc[m] = _mm512_fmadd_ps(dots, _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at])), acc[m]);
       if constexpr (kInt4) acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[at]), acc[m]);
     }
   };
   int64_t g = 0;
   for (; g + 2 <= w.G; g += 2) {
-    group_sums<kInt4, NB, false>(x, w, m0, b, g, unpacked[0], sums[0]);
-    group_sums<kInt4, NB, true>(x, w, m0, b, g + 1, unpacked[1], sums[1]);
+    group_sums<kInt4, NB, false>(x, w, m0, b, g, levels[0], sums[0]);
+    group_sums<kInt4, NB, true>(x, w, m0, b, g + 1, levels[1], sums[1]);
     scale(g, sums[0]);
     scale(g + 1, sums[1]);
   }
   if (g < w.G) {
-    group_sums<kInt4, NB, false>(x, w, m0, b, g, unpacked[0], sums[0]);
+    group_sums<kInt4, NB, false>(x, w, m0, b, g, levels[0], sums[0]);
     scale(g, sums[0]);
   }
   UNROLL for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(out + (m0 + m) * N + b * 8, lanes, acc[m]);
@@ -387,15 +388,18 @@ void tile_matmul(const Activations& x, const TileWeights<kInt4>& w, int64_t M, i
   });
 }
 
-// From how many rows the tiles take over (one row: the VNNI code, as fast and no tile state).
-constexpr int64_t kTileFromRows = 2;
+// From how many rows the tiles take over: a group's tile work (levels paired and unpacked, tile
+// loads and stores) costs what the VNNI code spends on about 4-8 rows (benchmarks/kernel_rows.py,
+// one thread, weights in L2: int4 AMX = VNNI at 8 rows, 1.4x faster at 16; int8 1.3x at 8).
+template <class W>
+constexpr int64_t kTileFromRows = std::is_same_v<W, Int4Weights> ? 8 : 6;
 #endif
 
 template <class W>
 at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1), G = w.G;
 #if TR_AMX
-  const bool tiles = M >= kTileFromRows && tiles_permitted();
+  const bool tiles = M >= kTileFromRows<W> && tiles_permitted();
   const int64_t padded = tiles && M > kTileRows ? (M + kTileRows - 1) / kTileRows * kTileRows : M;
 #else
   const int64_t padded = M;
