@@ -4,7 +4,8 @@ as `tr` loads it by default (auto weights: a GGUF runs on tr's int4/int8 kernels
 
 Each build in a process of its own; the sizes measured round-robin (calibration's own
 `measure_cost`: N tokens over a 256-token cache), the fastest of --repeats rounds per size, and
-t(N)/t(1) printed beside. On a shared machine the single-thread figures are the trustworthy ones.
+t(N)/t(1) printed beside. On a shared machine the single-thread figures are the trustworthy ones,
+in thread CPU time (--cpu-time --threads 1) most of all.
 
     python benchmarks/step_rows.py [MODEL] [--builds avx2,vnni,amx] [--threads 1,2] [--repeats 7]
 """
@@ -20,7 +21,7 @@ import sys
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
-def child(model_arg: str | None, threads: list[int], repeats: int) -> dict:
+def child(model_arg: str | None, threads: list[int], repeats: int, cpu_time: bool) -> dict:
     import torch
 
     from tr_cli.core import TokenRecyclingDecoder
@@ -29,6 +30,12 @@ def child(model_arg: str | None, threads: list[int], repeats: int) -> dict:
     from tr_cli.models.runtime import Runtime
     from tr_cli.store.paths import cache_dir
 
+    if cpu_time:  # this thread's CPU time: on a shared machine, time others' processes took is left out
+        import time
+
+        from tr_cli.core.design import cost_model
+
+        cost_model.time = type("ThreadClock", (), {"perf_counter": staticmethod(time.thread_time)})
     runtime = Runtime.resolve("auto", "auto", "auto", resolve_model(model_arg).stored_as)
     loaded = load_model(model_arg, runtime, cache=cache_dir())
     decoder = TokenRecyclingDecoder(loaded.model)
@@ -46,11 +53,12 @@ def main() -> None:
     parser.add_argument("--builds", default="avx2,vnni,amx")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--cpu-time", action="store_true", help="time in this thread's CPU time (one thread only)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     if args.child:
-        print(json.dumps(child(args.model, threads, args.repeats)))
+        print(json.dumps(child(args.model, threads, args.repeats, args.cpu_time)))
         return
     for build in args.builds.split(","):
         env = {k: v for k, v in os.environ.items() if k != "TR_KERNELS"}
