@@ -52,13 +52,16 @@ _COMPILE_FLAGS = ("-O3", "-std=c++17", "-fPIC", "-mavx2", "-mfma", "-mf16c", "-f
 # Where the CPU has them, AVX512-VNNI's integer dot products (quantized_matmul.cpp; the same bits).
 VNNI_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")
 _VNNI_COMPILE_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni")
+# And where it also has AMX's int8 tiles, a step's rows through them (the same bits again).
+AMX_FLAGS = (*VNNI_FLAGS, "amx_tile", "amx_int8")
+_AMX_COMPILE_FLAGS = ("-mamx-tile", "-mamx-int8")
 _LIBRARY = "tr_kernels.so"
 # Written after a build: the library's size and SHA-256, checked before every load (a library cut
 # short or overwritten would crash dlopen with a bus error or a segfault, not fail it).
 _CHECKSUM = "tr_kernels.so.sha256"
 _ESTIMATE = "40 s"  # 71 s of compiler CPU time, in parallel on 2 cores (a start says so before building)
-# TR_KERNELS=torch: torch's kernels; TR_KERNELS=avx2: tr's without AVX-512 (comparisons, or a way
-# around a bad build).
+# TR_KERNELS=torch: torch's kernels; TR_KERNELS=avx2: tr's without AVX-512, =vnni: without AMX
+# (comparisons, or a way around a bad build).
 _OFF = "TR_KERNELS"
 
 _loaded: Path | None = None
@@ -90,15 +93,22 @@ def unavailable() -> str | None:
 
 
 def instruction_set() -> str:
-    """What the kernels are built with here: 'AVX512-VNNI' where the CPU has it, else 'AVX2'."""
-    flags = cpu_flags()
-    if os.environ.get(_OFF) != "avx2" and all(flag in flags for flag in VNNI_FLAGS):
+    """What the kernels are built with here: 'AMX' (AMX int8 tiles and AVX512-VNNI), 'AVX512-VNNI'
+    or 'AVX2', the widest the CPU has unless TR_KERNELS=vnni or =avx2 asks for less."""
+    flags, asked = cpu_flags(), os.environ.get(_OFF)
+    if asked not in ("avx2", "vnni") and all(flag in flags for flag in AMX_FLAGS):
+        return "AMX"
+    if asked != "avx2" and all(flag in flags for flag in VNNI_FLAGS):
         return "AVX512-VNNI"
     return "AVX2"
 
 
 def compile_flags() -> tuple[str, ...]:
-    return _COMPILE_FLAGS + (_VNNI_COMPILE_FLAGS if instruction_set() == "AVX512-VNNI" else ())
+    extra = {
+        "AMX": _VNNI_COMPILE_FLAGS + _AMX_COMPILE_FLAGS,
+        "AVX512-VNNI": _VNNI_COMPILE_FLAGS,
+    }.get(instruction_set(), ())
+    return _COMPILE_FLAGS + extra
 
 
 def loaded() -> bool:

@@ -25,6 +25,13 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__) && defined(__AVX512F__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define TR_AMX 1
+#else
+#define TR_AMX 0
+#endif
 
 namespace {
 
@@ -219,16 +226,200 @@ inline void block_rows(int64_t M, Tile&& tile) {
   rest_rows<MR - 1>(M - m, m, tile);
 }
 
+#if TR_AMX
+// AMX (Sapphire Rapids and later): per weight group, one tile instruction takes up to 16 rows' 32
+// activations times 8 columns' 32 levels into exact int32 sums (tdpbssd for int8, tdpbsud for int4's
+// unsigned levels): the block's weights are read (int4: unpacked) once for all rows, and a row costs
+// only its group's float scaling, lane for lane the AVX2 build's operations in its order
+// (acc += dots * (d_w * d_x), then int4's min_w * s_x), so every build gives the same bits.
+// Two column blocks at a time fill a 16-float register; groups alternate between two sets of tiles
+// so that one group's tile products overlap the previous group's scaling.
+
+// Linux hands out the 8 KB of tile state only on request, once per process; refused (an old
+// kernel, a VM that hides it), the VNNI code of the same build runs.
+bool tiles_permitted() {
+  static const bool permitted = [] {
+    constexpr long kReqXcompPerm = 0x1023, kXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0;
+  }();
+  return permitted;
+}
+
+constexpr int kTileRows = 16;
+
+struct TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Two sets of tiles, for even and odd groups (so that one group's products overlap the other's
+// scaling): sums 0 / 3 (rows x 16 int32), activations 1 / 4 (rows x 32), levels 2 / 5 (8 x 64 bytes).
+void configure_tiles(int rows) {
+  TileConfig c;
+  for (int t : {0, 3}) c.rows[t] = rows, c.colsb[t] = 64;
+  for (int t : {1, 4}) c.rows[t] = rows, c.colsb[t] = kGroup;
+  for (int t : {2, 5}) c.rows[t] = 8, c.colsb[t] = 64;
+  // Not _tile_loadconfig: GCC 12 does not see that it reads the whole struct and drops the stores.
+  asm volatile("ldtilecfg %0" ::"m"(c));
+}
+
+// One group's levels of blocks b and b+1 as one tile of 8 rows (4 inputs each) x 16 columns, block b's
+// 8 columns first: int8 as they are, int4 unpacked (vector i of a block's packed 128 bytes holds inputs
+// 4i..4i+3 in its low nibbles, 4(i+4).. in its high ones). A lone last block fills both halves.
+template <bool kInt4>
+__attribute__((always_inline)) inline void pair_levels(const uint8_t* first, const uint8_t* second, uint8_t* out) {
+  if constexpr (kInt4) {
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    for (int k = 0; k < 2; ++k) {
+      const __m512i a = _mm512_loadu_si512(first + 64 * k), b = _mm512_loadu_si512(second + 64 * k);
+      const __m512i rows[2] = {_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE)};
+      for (int r = 0; r < 2; ++r) {
+        _mm512_store_si512(out + 64 * (2 * k + r), _mm512_and_si512(rows[r], low));
+        _mm512_store_si512(out + 64 * (2 * k + r + 4), _mm512_and_si512(_mm512_srli_epi16(rows[r], 4), low));
+      }
+    }
+  } else {
+    for (int k = 0; k < 4; ++k) {
+      const __m512i a = _mm512_loadu_si512(first + 64 * k), b = _mm512_loadu_si512(second + 64 * k);
+      _mm512_store_si512(out + 64 * (2 * k), _mm512_shuffle_i64x2(a, b, 0x44));
+      _mm512_store_si512(out + 64 * (2 * k + 1), _mm512_shuffle_i64x2(a, b, 0xEE));
+    }
+  }
+}
+
+template <bool kInt4>
+struct TileWeights {
+  const void* q;  // int8 (blocks, G, 256) or int4 (blocks, G, 128)
+  const uint16_t* d;
+  const uint16_t* mn;  // int4 only
+  int64_t G;
+};
+
+// The tile instructions name their tiles by number in the instruction itself (macros that paste
+// the number): one copy of a group's tile work per set of tiles.
+#define TR_GROUP_TILES(C, A, B)                                              \
+  _tile_loadd(A, x.a + m0 * x.K + g * kGroup, x.K);                         \
+  _tile_loadd(B, levels, 64);                                                \
+  _tile_zero(C);                                                             \
+  if constexpr (kInt4) _tile_dpbsud(C, A, B); else _tile_dpbssd(C, A, B);    \
+  _tile_stored(C, sums, 64);
+
+// One group's integer sums for rows m0.. (the tiles' row count) and blocks b, b+1 (b twice for a
+// lone block) into sums (16 int32 a row); odd groups on the second set of tiles.
+template <bool kInt4, int NB, bool kOdd>
+__attribute__((always_inline)) inline void group_sums(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t g,
+                       uint8_t* levels, int32_t* sums) {
+  constexpr int64_t bytes = kInt4 ? 128 : 256;
+  const uint8_t* first = static_cast<const uint8_t*>(w.q) + (b * w.G + g) * bytes;
+  const uint8_t* second = NB == 2 ? first + w.G * bytes : first;
+  prefetch_lines(first, bytes / 64);
+  if constexpr (NB == 2) prefetch_lines(second, bytes / 64);
+  pair_levels<kInt4>(first, second, levels);
+  if constexpr (kOdd) {
+    TR_GROUP_TILES(3, 4, 5)
+  } else {
+    TR_GROUP_TILES(0, 1, 2)
+  }
+}
+
+// Rows m0..m0+MR of blocks b..b+NB-1: every group's sums from the tiles, scaled in registers.
+template <bool kInt4, int NB, int MR>
+void tile_rows(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t N, float* out) {
+  alignas(64) uint8_t levels[2][512];
+  alignas(64) int32_t sums[2][kTileRows * 16];
+  const __mmask16 lanes = NB == 2 ? 0xFFFF : 0x00FF;
+  __m512 acc[MR];
+  UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  auto half_words = [&](const uint16_t* v, int64_t g) __attribute__((always_inline)) {
+    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + (b * w.G + g) * 8));
+    const __m128i hi = NB == 2 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + ((b + 1) * w.G + g) * 8))
+                               : _mm_setzero_si128();
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
+  };
+  // Inlined, or the accumulators (caller-saved registers) would go to memory around each call.
+  auto scale = [&](int64_t g, const int32_t* s) __attribute__((always_inline)) {
+    const __m512 dw = half_words(w.d, g);
+    [[maybe_unused]] __m512 mw;
+    if constexpr (kInt4) mw = half_words(w.mn, g);
+    UNROLL for (int m = 0; m < MR; ++m) {
+      const int64_t at = (m0 + m) * x.G + g;
+      const __m512 dots = _mm512_cvtepi32_ps(_mm512_load_si512(s + 16 * m));
+      acc[m] = _mm512_fmadd_ps(dots, _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at])), acc[m]);
+      if constexpr (kInt4) acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[at]), acc[m]);
+    }
+  };
+  int64_t g = 0;
+  for (; g + 2 <= w.G; g += 2) {
+    group_sums<kInt4, NB, false>(x, w, m0, b, g, levels[0], sums[0]);
+    group_sums<kInt4, NB, true>(x, w, m0, b, g + 1, levels[1], sums[1]);
+    scale(g, sums[0]);
+    scale(g + 1, sums[1]);
+  }
+  if (g < w.G) {
+    group_sums<kInt4, NB, false>(x, w, m0, b, g, levels[0], sums[0]);
+    scale(g, sums[0]);
+  }
+  UNROLL for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(out + (m0 + m) * N + b * 8, lanes, acc[m]);
+}
+
+template <bool kInt4, int NB>
+void tile_rows_any(int64_t rows, const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t N,
+                   float* out) {
+  rest_rows<kTileRows>(rows, m0, [&](auto r, int64_t m) { tile_rows<kInt4, NB, decltype(r)::value>(x, w, m, b, N, out); });
+}
+
+// All rows of a call through the tiles, 16 at a time (the activations padded to a multiple of 16
+// rows when there are more, so every tile reads whole rows: the padding's sums are not used).
+template <bool kInt4>
+void tile_matmul(const Activations& x, const TileWeights<kInt4>& w, int64_t M, int64_t N, float* out) {
+  const int64_t blocks = N / 8, pairs = (blocks + 1) / 2;
+  at::parallel_for(0, pairs, 2, [&](int64_t begin, int64_t end) {
+    configure_tiles(static_cast<int>(std::min<int64_t>(M, kTileRows)));
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t b = 2 * p;
+      for (int64_t m = 0; m < M; m += kTileRows) {
+        const int64_t rows = std::min<int64_t>(kTileRows, M - m);
+        if (b + 1 < blocks) tile_rows_any<kInt4, 2>(rows, x, w, m, b, N, out);
+        else tile_rows_any<kInt4, 1>(rows, x, w, m, b, N, out);
+      }
+    }
+    _tile_release();
+  });
+}
+
+// From how many rows the tiles take over: a group's tile work (levels paired and unpacked, tile
+// loads and stores) costs what the VNNI code spends on about 4-8 rows (benchmarks/kernel_rows.py,
+// one thread, weights in L2: int4 AMX = VNNI at 8 rows, 1.4x faster at 16; int8 1.3x at 8).
+template <class W>
+constexpr int64_t kTileFromRows = std::is_same_v<W, Int4Weights> ? 8 : 6;
+#endif
+
 template <class W>
 at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1), G = w.G;
-  at::Tensor levels = at::empty({M, K}, x.options().dtype(at::kChar));
+#if TR_AMX
+  const bool tiles = M >= kTileFromRows<W> && tiles_permitted();
+  const int64_t padded = tiles && M > kTileRows ? (M + kTileRows - 1) / kTileRows * kTileRows : M;
+#else
+  const int64_t padded = M;
+#endif
+  at::Tensor levels = at::empty({padded, K}, x.options().dtype(at::kChar));
   at::Tensor steps = at::empty({2, M, G}, x.options());
   float* d = steps.data_ptr<float>();
   quantize_rows(x.data_ptr<float>(), M, K, levels.data_ptr<int8_t>(), d, d + M * G);
   const Activations a{levels.data_ptr<int8_t>(), d, d + M * G, K, G};
   at::Tensor out = at::empty({M, N}, x.options());
   float* o = out.data_ptr<float>();
+#if TR_AMX
+  if (tiles) {
+    if constexpr (std::is_same_v<W, Int4Weights>)
+      tile_matmul<true>(a, TileWeights<true>{w.q, w.d, w.mn, G}, M, N, o);
+    else
+      tile_matmul<false>(a, TileWeights<false>{w.q, w.d, nullptr, G}, M, N, o);
+    return out;
+  }
+#endif
   at::parallel_for(0, N / 8, 4, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
       if constexpr (std::is_same_v<W, Int4Weights>)
@@ -239,6 +430,7 @@ at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
   });
   return out;
 }
+
 
 // The operands as the Python side packs them (models/weights.py); anything else is refused, never read past.
 void check(const at::Tensor& x, const at::Tensor& q, int64_t bytes, at::ScalarType levels, const at::Tensor& d) {
@@ -289,7 +481,17 @@ at::Tensor tr::quantized_linear(const at::Tensor& x, const at::Tensor& levels, c
   return int8_mm(x, levels, steps, bias);
 }
 
+// Whether this build's matmuls go through AMX tiles here (an AMX build the OS granted them to).
+bool uses_tiles() {
+#if TR_AMX
+  return tiles_permitted();
+#else
+  return false;
+#endif
+}
+
 TORCH_LIBRARY(tr_kernels, m) {
+  m.def("uses_tiles() -> bool");
   m.def("int4_mm(Tensor x, Tensor q, Tensor d, Tensor mn, Tensor? bias=None) -> Tensor");
   m.def("int8_mm(Tensor x, Tensor q, Tensor d, Tensor? bias=None) -> Tensor");
 }
@@ -297,3 +499,4 @@ TORCH_LIBRARY_IMPL(tr_kernels, CPU, m) {
   m.impl("int4_mm", &int4_mm);
   m.impl("int8_mm", &int8_mm);
 }
+TORCH_LIBRARY_IMPL(tr_kernels, CatchAll, m) { m.impl("uses_tiles", &uses_tiles); }

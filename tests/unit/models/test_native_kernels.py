@@ -177,38 +177,64 @@ _BUILD_OUTPUTS = """
 import sys, torch
 from pathlib import Path
 from tr_cli.models import native_kernels
-from tr_cli.models.cpu import cpu_flags
 from tr_cli.models.weights import Q4Linear, Q8Linear
 native_kernels.load(Path(sys.argv[1]))
 torch.manual_seed(5)
-layers = [kind.quantized(torch.randn(136, 320), torch.randn(136)) for kind in (Q4Linear, Q8Linear)]
-x = torch.randn(19, 320) * 4
-outputs = [layer(x[:rows]) for layer in layers for rows in (1, 7, 19)]
-torch.save([native_kernels.instruction_set(), *outputs], sys.argv[2])
+# Every shape class of a decoder: fused q/k/v, o, gate/up, down (many groups, odd group counts),
+# a padded last column block, an odd block count (a lone block), and a head's many column blocks.
+shapes = [(136, 320), (192, 64), (1536, 576), (576, 1536), (83, 96), (40, 4864), (4096, 64)]
+kinds = (Q4Linear, Q8Linear)
+layers = [kind.quantized(torch.randn(*shape), torch.randn(shape[0])) for shape in shapes for kind in kinds]
+x = torch.randn(37, 4864) * 4
+x[5, :64] = 0.0  # a row with all-zero groups
+threads = [1, 2]
+outputs = []
+for count in threads:
+    torch.set_num_threads(count)
+    outputs += [layer(x[:rows, : layer.in_features]) for layer in layers for rows in (1, 2, 3, 7, 16, 17, 32, 37)]
+torch.save([native_kernels.instruction_set(), torch.ops.tr_kernels.uses_tiles(), *outputs], sys.argv[2])
 """
+
+BUILDS = [
+    ("AVX2", "avx2", ()),
+    ("AVX512-VNNI", "vnni", native_kernels.VNNI_FLAGS),
+    ("AMX", None, native_kernels.AMX_FLAGS),
+]
+
+
+def build_outputs(tmp_path, variant: str, forced: str | None) -> list:
+    """The test layers' outputs on the kernels built as `variant`, in a process of its own."""
+    env = {key: value for key, value in os.environ.items() if key != "TR_KERNELS"}
+    if forced is not None:
+        env["TR_KERNELS"] = forced
+    path = tmp_path / f"{variant}.pt"
+    script = [sys.executable, "-c", _BUILD_OUTPUTS, str(tmp_path / variant), str(path)]
+    done = subprocess.run(script, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    outputs = torch.load(path)
+    assert outputs[0] == variant
+    assert outputs[1] == (variant == "AMX")  # the AMX build really went through the tiles
+    return outputs[2:]
+
+
+@pytest.fixture(scope="module")
+def avx2_outputs(tmp_path_factory) -> list:
+    return build_outputs(tmp_path_factory.mktemp("avx2"), "AVX2", "avx2")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not set(native_kernels.VNNI_FLAGS) <= cpu_flags(), reason="the CPU has no AVX512-VNNI: one build only"
-)
-def test_the_avx512_vnni_build_gives_the_avx2_builds_bits(tmp_path):
-    """The VNNI dot products only regroup exact integer sums: switching the build (a new machine,
-    TR_KERNELS=avx2) must not change one output bit, or a calibrated matrix and the lossless
-    promise would depend on the CPU's instruction sets."""
-    outputs = {}
-    for variant in ("AVX512-VNNI", "AVX2"):
-        env = {key: value for key, value in os.environ.items() if key != "TR_KERNELS"}
-        if variant == "AVX2":
-            env["TR_KERNELS"] = "avx2"
-        path = tmp_path / f"{variant}.pt"
-        script = [sys.executable, "-c", _BUILD_OUTPUTS, str(tmp_path / variant), str(path)]
-        done = subprocess.run(script, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, done.stderr
-        outputs[variant] = torch.load(path)
-        assert outputs[variant][0] == variant
-    for vnni, avx2 in zip(outputs["AVX512-VNNI"][1:], outputs["AVX2"][1:], strict=True):
-        assert torch.equal(vnni, avx2)
+@pytest.mark.parametrize(("variant", "forced", "flags"), BUILDS[1:], ids=[build[0] for build in BUILDS[1:]])
+def test_every_build_gives_the_avx2_builds_bits(tmp_path, avx2_outputs, variant, forced, flags):
+    """The VNNI dot products and the AMX tiles only regroup exact integer sums, and scale them in
+    the AVX2 build's order: switching the build (a new machine, TR_KERNELS=avx2/vnni) must not
+    change one output bit, on any shape class, row count (tiles of 16 and their tails) or thread
+    count, or a calibrated matrix and the lossless promise would depend on the CPU."""
+    if not set(flags) <= cpu_flags():
+        pytest.skip(f"the CPU has no {variant}")
+    got = build_outputs(tmp_path, variant, forced)
+    assert len(got) == len(avx2_outputs)
+    for built, avx2 in zip(got, avx2_outputs, strict=True):
+        assert torch.equal(built, avx2)
 
 
 def test_why_the_kernels_cannot_run_is_said(monkeypatch):
