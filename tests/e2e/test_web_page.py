@@ -164,7 +164,7 @@ def test_a_conversation_streams_shows_its_drafts_stops_and_survives_a_reload(ser
     prompt.send_keys("that reverses a string.")
     assert prompt.get_attribute("value") == "Write a Python function\nthat reverses a string."
     assert not replies(browser)
-    set_max_tokens(browser, 60)
+    set_max_tokens(browser, 40)
     prompt.send_keys(Keys.ENTER)
 
     # The reply streams in: text shows while Stop is still offered, and it grows.

@@ -360,31 +360,56 @@
       }
       this.legend.append(el('span', {}, el('i', { class: 'bonus' }), "the model's own token"));
       if (this.selected === null && last) this.showDetail(last);
+      this.tabStop();
     }
 
     stepChip(step) {
       const label = step.index === 0 ? 'prefill, first token' : `step ${step.index}, ${step.accepted.length} drafted tokens accepted`;
-      const chip = el('button', { type: 'button', class: 'step', role: 'listitem', 'aria-label': label, 'data-index': step.index });
+      // One tab stop for the whole strip (the chosen step); arrows move between steps.
+      const chip = el('button', { type: 'button', class: 'step', role: 'listitem', 'aria-label': label, tabindex: '-1' });
       for (const token of step.accepted) {
         chip.append(el('span', { class: `tok ${sourceClass(token.source)}`, title: sourceName(token.source), text: visible(token.text) }));
       }
       if (step.bonus) chip.append(el('span', { class: 'tok bonus', title: "the model's own token", text: visible(step.bonus.text) }));
-      chip.addEventListener('click', () => this.select(step, chip));
-      chip.addEventListener('focus', () => this.select(step, chip));
+      chip.step = step;
+      chip.addEventListener('click', () => this.select(chip));
+      chip.addEventListener('focus', () => this.select(chip));
+      chip.addEventListener('keydown', (event) => this.move(event, chip));
       return chip;
     }
 
-    select(step, chip) {
-      this.strip.querySelector('.step.selected')?.classList.remove('selected');
+    select(chip) {
+      const before = this.strip.querySelector('.step.selected');
+      if (before) { before.classList.remove('selected'); before.setAttribute('aria-current', 'false'); }
+      this.strip.querySelectorAll('.step[tabindex="0"]').forEach((c) => c.setAttribute('tabindex', '-1'));
       chip.classList.add('selected');
-      this.selected = step;
-      this.showDetail(step);
+      chip.setAttribute('aria-current', 'true');
+      chip.setAttribute('tabindex', '0');
+      this.selected = chip.step;
+      this.showDetail(chip.step);
+    }
+
+    move(event, chip) {
+      const chips = [...this.strip.children];
+      const at = chips.indexOf(chip);
+      const to = { ArrowLeft: at - 1, ArrowUp: at - 1, ArrowRight: at + 1, ArrowDown: at + 1, Home: 0, End: chips.length - 1 }[event.key];
+      if (to === undefined) return;
+      event.preventDefault();
+      chips[Math.max(0, Math.min(chips.length - 1, to))].focus();
     }
 
     add(step) {
-      this.strip.append(this.stepChip(step));
+      const chip = this.stepChip(step);
+      this.strip.append(chip);
       this.strip.scrollTop = this.strip.scrollHeight;
       this.update();
+    }
+
+    tabStop() {
+      // Without a chosen step, the last one takes the strip's tab stop.
+      if (!this.strip.querySelector('.step[tabindex="0"]') && this.strip.lastElementChild) {
+        this.strip.lastElementChild.setAttribute('tabindex', '0');
+      }
     }
 
     showDetail(step) {
@@ -441,16 +466,21 @@
         if (kids.length > 1) line.append(list(kids));
         return line;
       };
+      // Children with children of their own get a line each (accepted first); leaves share one line.
       const list = (kids) => {
         const ul = el('ul');
         const ordered = [...kids].sort((a, b) => accepted.has(b) - accepted.has(a));
+        const isLeaf = (kid) => !children.has(kid) && !(kid === lastAccepted && step.bonus);
+        const leaves = el('li', { class: 'leaves' });
         for (const kid of ordered) {
           if (shown >= TREE_NODES_SHOWN) {
             ul.append(el('li', { class: 'more', text: `… ${step.tree.length - shown} more nodes` }));
             break;
           }
-          ul.append(branch(kid));
+          if (isLeaf(kid)) leaves.append(chip(kid));
+          else ul.append(branch(kid));
         }
+        if (leaves.childElementCount) ul.append(leaves);
         return ul;
       };
       const top = el('li', {}, el('span', { class: 'tok', title: 'the root: the last token before this step', text: visible(step.root.text) }));
@@ -611,6 +641,12 @@
 
   async function complete(conversation) {
     if (!state.model) await loadModel();
+    if (!state.model) {
+      conversation.messages.push({ role: 'assistant', content: '', error: `The server did not name its model: ${ui.model.title || ui.model.textContent}` });
+      saveStore();
+      renderAll();
+      return;
+    }
     const drafts = ui.showDrafts.checked;
     const message = { role: 'assistant', content: '', model: state.model, steps: drafts ? [] : undefined };
     const history = conversation.messages.map((m) => ({ role: m.role, content: m.content }));
@@ -635,7 +671,7 @@
       });
     };
     const body = {
-      model: state.model || 'default', messages: history, stream: true,
+      model: state.model, messages: history, stream: true,
       stream_options: { include_usage: true }, ...sampling(),
     };
     if (drafts) body.tr = { steps: true };
@@ -698,7 +734,8 @@
   ui.prompt.addEventListener('input', autoSize);
   ui.stop.addEventListener('click', stop);
   document.addEventListener('keydown', (event) => {
-    if (event.key === 'Escape' && state.streaming && !ui.keyDialog.open) stop();
+    if (event.key !== 'Escape' || ui.keyDialog.open) return;
+    if (ui.app.classList.contains('sidebar-open')) { closeSidebar(); ui.toggleSidebar.focus(); } else if (state.streaming) stop();
   });
   ui.newChat.addEventListener('click', () => {
     if (state.streaming) return;
