@@ -707,7 +707,7 @@ def _fuzz_posts(http: TestClient, path: str, valid: st.SearchStrategy) -> list[i
     """The statuses of fuzzed posts to `path`."""
     statuses = []
 
-    @settings(max_examples=80, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=100, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(data=st.data())
     def post(data: st.DataObject) -> None:
         kind = data.draw(st.sampled_from(["valid", "mutated", "json", "bytes"]))

@@ -121,7 +121,10 @@ def serve(
     *,
     options: DecodingOptions,
 ) -> None:
-    """Serve a model over the OpenAI API (chat and text completions, streamed or not) with Token Recycling."""
+    """Serve a model over the OpenAI API (chat and text completions, streamed or not) with Token Recycling.
+
+    GET / is a chat page for the browser (no key needed to load it; it asks for --api-key's), with the
+    draft view: per step, what was drafted, what the model accepted and from which source."""
     if api_key is not None and not api_key.strip():
         raise UserError("--api-key is empty; give a key or leave the option out")
     sock = _bind(host, port)
@@ -183,6 +186,7 @@ def serve(
                 http.start()
                 _wait_started(server, http)
                 note(f"tr serve: listening on http://{shown}:{bound_port}/v1 (model '{served.name}'; Ctrl-C stops)")
+                note(f"tr serve: chat in the browser at http://{shown}:{bound_port}/")
                 worker.run()
                 server.should_exit = True  # the worker stopped on its own (an error): stop serving too
                 http.join()

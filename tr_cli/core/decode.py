@@ -278,6 +278,14 @@ class TokenRecyclingDecoder:
                     counts[name] = counts.get(name, 0) + hits
         return counts
 
+    def _nodes_by_source(self, placements: dict[int, Placement]) -> dict[str, tuple[int, ...]]:
+        """Each source's nodes (merged indices); two drafters of one name share an entry."""
+        nodes: dict[str, tuple[int, ...]] = {}
+        for index, placement in placements.items():
+            name = self.drafters[index].name
+            nodes[name] = nodes.get(name, ()) + placement.nodes
+        return nodes
+
     def _learn(self, verification: Verification, placements: dict[int, Placement]) -> None:
         for index, drafter in enumerate(self.drafters):
             drafter.learn(verification, placements.get(index))
@@ -476,6 +484,7 @@ class TokenRecyclingDecoder:
                 timings=step.timings + StepTimings(update=compact),
                 finish_reason=reason,
                 accepted_by_source=self._accepted_by_source(step.placements, accepted.nodes[:keep]),
+                nodes_by_source=self._nodes_by_source(step.placements),
                 logprobs=None if step.logprobs is None else step.logprobs[:keep],
             )
 

@@ -79,6 +79,9 @@ class StepEvent:
     # Emitted draft tokens per source that drafted them (Drafter.name); a node the planner merged
     # from two sources' alike drafts counts for both.
     accepted_by_source: dict[str, int] = field(default_factory=dict)
+    # The tree's draft nodes by the source that drafted them: per Drafter.name, its nodes' indices
+    # in `tree` (-1 where a planner left one out). Read by the views that colour drafts by source.
+    nodes_by_source: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # One per new token when the decoder was asked for them (TokenRecyclingDecoder.set_logprobs).
     logprobs: list[TokenLogprob] | None = None
 

@@ -28,6 +28,7 @@ from .openapi import ERROR_RESPONSES, request_body, use_document
 from .requests import ServedModel
 from .responses import SSE_DONE, SSE_KEEPALIVE, Reply, sse
 from .schema import ChatCompletionRequest, CompletionRequest
+from .web_page import add_web_page
 from .worker import DecodeWorker, Delta, Failed, Finished, Job, QueueFull
 
 log = logging.getLogger("tr.serve")
@@ -246,6 +247,8 @@ def create_app(
         log.exception("unexpected error")
         return _json_error(ApiError(500, f"internal error: {exc}", type="server_error"))
 
+    add_web_page(app)  # GET /: the chat page (outside /v1: it loads without the API key)
+
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": model.name, "busy": worker.busy, "queued": worker.queued}
@@ -317,7 +320,9 @@ def create_app(
                 elif isinstance(item, Delta):
                     generated = item.generated
                     if reply.read_calls is None:  # with tools the reply is read whole first
-                        yield sse(reply.chunk(item.text, logprobs=item.logprobs))
+                        yield sse(reply.chunk(item.text, logprobs=item.logprobs, step=item.step))
+                    elif item.step is not None:
+                        yield sse(reply.chunk(step=item.step))  # an empty delta: the text comes whole
                 elif isinstance(item, Failed):
                     request.state.error = item.error.message
                     ended = True

@@ -193,5 +193,6 @@ class ServedModel:
             logprobs=request.logprob_top(),
             constraint=constraint,
             read_calls=read_calls,
+            steps=request.wants_steps(),
             loop=loop,
         )

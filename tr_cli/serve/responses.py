@@ -130,9 +130,11 @@ class Reply:
         finish_reason: str | None = None,
         first: bool = False,
         logprobs: Sequence[ShownLogprob] | None = None,
+        step: dict | None = None,
     ) -> dict:
-        """A streamed chunk with text (the first chat chunk also names the role) and the
-        log-probabilities of the tokens it shows, when asked for."""
+        """A streamed chunk with text (the first chat chunk also names the role), the
+        log-probabilities of the tokens it shows and the draft step behind it (`tr.step`), when
+        asked for."""
         rendered = self._logprobs(logprobs)
         if self.chat:
             delta: dict = {}
@@ -141,9 +143,13 @@ class Reply:
             if text is not None:
                 delta["content"] = text
             choice = {"index": 0, "delta": delta, "logprobs": rendered, "finish_reason": finish_reason}
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "logprobs": rendered, "finish_reason": finish_reason}
-        return {**self._head("text_completion"), "choices": [choice]}
+            chunk = {**self._head("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": rendered, "finish_reason": finish_reason}
+            chunk = {**self._head("text_completion"), "choices": [choice]}
+        if step is not None:
+            chunk["tr"] = {"step": step}
+        return chunk
 
     def tool_chunks(self, finished: Finished) -> list[dict]:
         """With tools: the held-back reply, streamed as OpenAI streams it: the content, then per

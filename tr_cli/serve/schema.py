@@ -142,6 +142,14 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class TrOptions(BaseModel):
+    """tr's own request extension, `"tr": {...}`: `steps` streams each decoding step's drafts
+    (serve/draft_steps.py) in the chunks' `tr.step`; OpenAI clients that leave it out see nothing new."""
+
+    model_config = ConfigDict(extra="ignore")
+    steps: bool = False
+
+
 class GenerationRequest(BaseModel):
     """The fields /v1/chat/completions and /v1/completions share."""
 
@@ -162,6 +170,7 @@ class GenerationRequest(BaseModel):
     top_k: Annotated[int, Field(ge=0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     response_format: ResponseFormat | None = None
+    tr: TrOptions | None = None
     # Declared so that a request relying on them is refused, not silently answered without them.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -178,6 +187,10 @@ class GenerationRequest(BaseModel):
 
     def grammar(self) -> Grammar | None:
         return self.response_format.grammar() if self.response_format is not None else None
+
+    def wants_steps(self) -> bool:
+        """Whether the stream carries the draft steps (a whole response never does)."""
+        return bool(self.stream and self.tr is not None and self.tr.steps)
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)

@@ -36,6 +36,7 @@ from ..core.sampling_config import SamplingConfig
 from ..text.reply_text import ReplyText
 from ..text.token_pieces import TokenPieces
 from ..text.tools import ToolCall
+from .draft_steps import step_object
 from .errors import ApiError, server_error, unavailable
 from .logprobs import LogprobStream, ShownLogprob
 
@@ -54,6 +55,7 @@ class Delta:
     text: str
     generated: int  # tokens generated so far (the text may hold some back for stop strings)
     logprobs: tuple[ShownLogprob, ...] | None = None  # of the tokens this text shows first, when asked
+    step: dict | None = None  # the step that produced it, when asked (draft_steps.step_object)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class Job:
     constraint: TokenConstraint | None = None  # the grammar the reply must match (structured output)
     # With tools offered: reads the finished reply as (content, tool calls) (text/tools.py).
     read_calls: Callable[[str], tuple[str | None, list[ToolCall]]] | None = None
+    steps: bool = False  # a Delta per step, each with its draft step (`"tr": {"steps": true}`)
     enqueued: float = field(default_factory=time.perf_counter)
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)  # the requester's (default: running)
     _inbox: asyncio.Queue | None = None
@@ -366,8 +369,10 @@ class DecodeWorker:
                 delta = reply.push(event.new_tokens)
                 if logprobs is not None:
                     logprobs.add(event.logprobs)
-                if delta:
-                    job.emit(Delta(delta, len(result.tokens), logprobs.shown() if logprobs else None))
+                step = step_object(event, result.stats, self.pieces) if job.steps else None
+                if delta or step is not None:
+                    shown = logprobs.shown() if logprobs and delta else None
+                    job.emit(Delta(delta, len(result.tokens), shown, step))
                 reason = event.finish_reason
                 if reason is None and reply.stopped:
                     reason = "stop_string"  # a stop string longer than the decoder's look-back
