@@ -482,6 +482,26 @@ def _serve_one(worker: DecodeWorker, job_class: type[Job], prompt: list[int], **
         worker.close(timeout=30)
 
 
+def test_a_grammar_engine_that_gives_up_is_the_servers_500_not_the_clients_400(engine):
+    """The grammar engine failing mid-decode is the server's failure (OpenAI's server_error), not
+    a request to simplify the schema."""
+    from set_constraint import SetConstraint
+
+    from tr_cli.core.constraint import ConstraintError
+
+    class GivesUp(SetConstraint):
+        def advance(self, token: int) -> None:
+            raise ConstraintError("tools: token refused (the engine gave up)")
+
+    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids)
+    constraint = GivesUp(lambda path: range(engine.decoder.vocab_size), engine.decoder.vocab_size)
+    (failed,) = _serve_one(worker, Job, rendered(engine, MESSAGES), constraint=constraint)
+    assert isinstance(failed, Failed) and failed.error.status == 500, failed
+    body = failed.error.body()["error"]
+    assert body["type"] == "server_error" and "simplify" not in body["message"], body
+    assert "the engine gave up" in body["message"]
+
+
 @pytest.mark.parametrize("leaves", ["client", "server"])
 def test_a_long_prompt_nobody_waits_for_stops_between_prefill_chunks(engine, leaves):
     """A client that leaves while its long prompt is read, or SIGTERM then: the worker stops
@@ -1186,60 +1206,23 @@ def test_bad_tool_requests_get_a_400(server, fields, param, words):
     assert error["param"] == param and words in error["message"], error
 
 
-HERMES_TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-
-{% endif %}Functions you may call, inside <tools></tools>:
-<tools>
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}</tools>
-Return each call as <tool_call>
-{"name": <name>, "arguments": <arguments object>}
-</tool_call><|im_end|>
-{% elif messages[0].role == 'system' %}<|im_start|>system
-{{ messages[0].content }}<|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == 'system' %}
-{%- elif message.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
-{% if message.content %}{{ message.content }}
-{% endif %}{% for call in message.tool_calls %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
-{% endfor %}<|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
-
 @pytest.fixture(scope="module")
-def hermes_engine(tiny_llama_dir, tmp_path_factory):
-    """The tiny model with a Qwen-style (Hermes) tool template of our own."""
-    import shutil
-
-    directory = tmp_path_factory.mktemp("tiny-hermes") / "model"
-    shutil.copytree(tiny_llama_dir, directory)
-    (directory / "chat_template.jinja").write_text(HERMES_TEMPLATE)
-    config = json.loads((directory / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+def hermes_engine(tiny_hermes_dir, tmp_path_factory):
+    """The tiny model with a Qwen-style (Hermes) tool template whose tags are single tokens."""
     home = tmp_path_factory.mktemp("hermes-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TR_HOME", str(home))
-        yield Engine.open(DecodingOptions.parse(model=str(directory), device="cpu", dtype="float32"))
+        yield Engine.open(DecodingOptions.parse(model=str(tiny_hermes_dir), device="cpu", dtype="float32"))
 
 
 def test_a_tool_round_trip_on_a_qwen_style_template(hermes_engine):
-    from tr_cli.text.tools import HermesFormat, Tool, ToolChoice
+    """The template's `<tool_call>` is one token (as Qwen2.5's): forced calls (required, named,
+    streamed, strict or not) are written with that token, and read back as calls."""
+    from tr_cli.text.tools import HermesFormat, Tool, ToolChoice, tool_format
 
+    tokenizer = hermes_engine.loaded.tokenizer
+    tags = [tokenizer.convert_tokens_to_ids(tag) for tag in ("<tool_call>", "</tool_call>")]
+    assert tokenizer.encode("<tool_call></tool_call>", add_special_tokens=False) == tags
     with running(hermes_engine) as server:
         api = client(server)
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Rome?"}]
@@ -1251,15 +1234,35 @@ def test_a_tool_round_trip_on_a_qwen_style_template(hermes_engine):
         arguments = check_weather_call(choice.message.tool_calls[0])
         # The template renders the tools itself, and the call is constrained generate's.
         tools = [Tool("get_weather", "The weather now in a city.", WEATHER_TOOL["function"]["parameters"], True)]
-        tokenizer = hermes_engine.loaded.tokenizer
         prompt = tokenizer.apply_chat_template(
             messages, tools=[WEATHER_TOOL], tokenize=False, add_generation_prompt=True
         )
         assert "<tools>" in prompt and '"get_weather"' in prompt
-        grammar = HermesFormat().grammar(tools, ToolChoice("required"))
+        served = tool_format(tokenizer.chat_template, tokenizer.get_added_vocab())
+        assert isinstance(served, HermesFormat) and served.tag_tokens == tuple(tags)
+        grammar = served.grammar(tools, ToolChoice("required"))
         ids = tokenizer.encode(prompt, add_special_tokens=False)
-        written = tokenizer.decode(constrained_reference(hermes_engine, ids, grammar, 80), skip_special_tokens=True)
-        assert HermesFormat().parse(written, tools)[1][0].arguments == json.dumps(arguments)
+        written_ids = constrained_reference(hermes_engine, ids, grammar, 80)
+        assert written_ids[0] == tags[0] and tags[1] in written_ids
+        written = tokenizer.decode(written_ids, skip_special_tokens=True)
+        assert json.loads(served.parse(written, tools)[1][0].arguments) == arguments
+        # Named, streamed, and a tool that is not strict: the same single-token tags.
+        lenient = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "strict": False}}
+        for tool in (WEATHER_TOOL, lenient):
+            named = {"type": "function", "function": {"name": "get_weather"}}
+            check_weather_call(
+                api.chat.completions.create(
+                    model=NAME, messages=messages, tools=[tool, TIME_TOOL], tool_choice=named, max_tokens=80
+                )
+                .choices[0]
+                .message.tool_calls[0]
+            )
+            content, calls, reason = streamed_calls(
+                api.chat.completions.create(
+                    model=NAME, messages=messages, tools=[tool], tool_choice="required", max_tokens=80, stream=True
+                )
+            )
+            assert reason == "tool_calls" and len(calls) == 1 and calls[0]["name"] == "get_weather", (content, calls)
         call = choice.message.tool_calls[0]
         messages += [
             choice.message.model_dump(exclude_none=True),

@@ -48,7 +48,8 @@ class ServedModel:
     @cached_property
     def tool_format(self) -> ToolFormat:
         """How this model's chat template speaks tools (text/tools.py)."""
-        return tool_format(getattr(self.tokenizer, "chat_template", None))
+        added = self.tokenizer.get_added_vocab() if hasattr(self.tokenizer, "get_added_vocab") else {}
+        return tool_format(getattr(self.tokenizer, "chat_template", None), added)
 
     def constraint(self, grammar: Grammar | None, param: str) -> GrammarConstraint | None:
         """The reply's grammar in its initial state, checked against the tokenizer; None for text."""

@@ -312,10 +312,10 @@ class DecodeWorker:
             self.decoder.set_logprobs(job.logprobs)
             self.decoder.set_constraint(job.constraint)
             finish = self._decode(job, reused, queue_seconds)
-        except ConstraintError as exc:  # the grammar engine gave up (its limits): the schema's doing
+        except ConstraintError as exc:  # the grammar engine gave up mid-reply: the server's failure
             log.warning("the grammar stopped the decode: %s", exc)
             self.decoder.reset()  # stopped inside a step: its state is unknown
-            finish = Failed(ApiError(400, f"the reply's grammar could not go on: {exc}; simplify the schema"))
+            finish = Failed(server_error(f"the reply's grammar could not go on: {exc}"))
             self._outcome("failed")
             job.emit(finish)
             return

@@ -23,7 +23,7 @@ import json
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -289,9 +289,16 @@ def _native_messages(messages: list[Message]) -> list[Message]:
 
 
 class HermesFormat(ToolFormat):
+    """`tag_tokens`: the ids of `<tool_call>` and `</tool_call>` where the tokenizer has them as
+    single added tokens (Qwen2.5's 151657 and 151658): the model writes that one token, never the
+    characters, so the grammar names the token (llguidance's `<[id]>`); without them, the text."""
+
     name = "hermes"
     native = True
     _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+    def __init__(self, tag_tokens: tuple[int, int] | None = None) -> None:
+        self.tag_tokens = tag_tokens
 
     def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
         return _native_messages(messages)
@@ -303,12 +310,19 @@ class HermesFormat(ToolFormat):
             choice.callable(tools), lambda name, parameters: _call(name, "arguments", parameters), []
         )
         schema = _with_layout(schema, all(tool.strict for tool in tools))
-        lark = f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(schema)}'
+        if self.tag_tokens is not None:
+            opening, closing = (f"<[{token}]>" for token in self.tag_tokens)
+        else:
+            opening, closing = '"<tool_call>"', '"</tool_call>"'
+        lark = f'start: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(schema)}'
         return Grammar.lark(lark, "tools")
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         calls = []
-        for block in self._BLOCK.findall(text):
+        blocks = self._BLOCK.findall(text)
+        if not blocks and text.strip().startswith("{"):
+            blocks = [text.strip()]  # tags the tokenizer decodes to nothing (special tokens): the call alone
+        for block in blocks:
             try:
                 value = json.loads(block)
             except ValueError:
@@ -318,7 +332,7 @@ class HermesFormat(ToolFormat):
             calls.append(ToolCall(new_call_id(), str(value["name"]), _arguments_text(value.get("arguments", {}))))
         if not calls:
             return text, []
-        rest = self._BLOCK.sub("", text).strip()
+        rest = self._BLOCK.sub("", text).strip() if self._BLOCK.search(text) else ""
         return rest or None, calls
 
 
@@ -352,12 +366,15 @@ class Llama3Format(ToolFormat):
         return text, []
 
 
-def tool_format(chat_template: str | None) -> ToolFormat:
+def tool_format(chat_template: str | None, added_tokens: Mapping[str, int] | None = None) -> ToolFormat:
     """The format a chat template speaks: Hermes/Qwen if it writes `<tool_call>`, Llama 3 if it
-    takes `tools` otherwise, else the generic one."""
+    takes `tools` otherwise, else the generic one. `added_tokens`: the tokenizer's added tokens
+    (text -> id), where the tool tags may be single tokens."""
     template = chat_template or ""
     if "<tool_call>" in template:
-        return HermesFormat()
+        added = added_tokens or {}
+        tags = (added.get("<tool_call>"), added.get("</tool_call>"))
+        return HermesFormat(tags if None not in tags else None)
     if re.search(r"\btools\b", template):
         return Llama3Format()
     return GenericFormat()
