@@ -1356,3 +1356,40 @@ def test_a_nested_pydantic_tool_and_a_schema_beside_tools_not_offered(server):
         model=NAME, messages=messages, tools=[tool], tool_choice="none", response_format=response_format, max_tokens=60
     )
     assert set(json.loads(plain.choices[0].message.content)) == set(CITY["properties"])
+
+
+def _job_allows(engine, body: dict, text: str) -> bool:
+    """Whether the grammar of the job `body` becomes allows the reply `text` whole."""
+    from tr_cli.core.constraint import ConstraintError
+
+    job = served_model(engine).job(ChatCompletionRequest.model_validate(body), asyncio.new_event_loop())
+    try:
+        for token in engine.loaded.tokenizer.encode(text, add_special_tokens=False):
+            job.constraint.advance(token)
+    except ConstraintError:
+        return False
+    return job.constraint.allows(engine.loaded.eos_token_ids[0])
+
+
+def test_schemas_that_do_not_mention_other_keys_or_bounds_are_read_closed_and_bounded(engine):
+    """As llama.cpp and xgrammar read them by default: no invented keys, no key twice, no
+    endless digits; JSON Schema's own reading when the request asks (open_schemas)."""
+    loose = {"type": "object", "properties": {"city": {"type": "string"}, "people": {"type": "integer"}}}
+    schema_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": loose}}
+    as_format = {"model": NAME, "messages": MESSAGES, "response_format": schema_format}
+    tool = {"type": "function", "function": {"name": "f", "parameters": loose}}
+    as_tool = {"model": NAME, "messages": MESSAGES, "tools": [tool], "tool_choice": "required"}
+    for body, wrap in ((as_format, "{}"), (as_tool, '{{"tool_call": {{"name": "f", "arguments": {}}}}}')):
+        assert _job_allows(engine, body, wrap.format('{"city": "Oslo", "people": 5}'))
+        assert not _job_allows(engine, body, wrap.format('{"city": "Oslo", "type": "string"}'))
+        assert not _job_allows(engine, body, wrap.format('{"city": "Oslo", "city": "Rome"}'))
+        assert not _job_allows(engine, body, wrap.format('{"people": ' + "7" * 40 + "}"))
+        assert _job_allows(engine, {**body, "open_schemas": True}, wrap.format('{"city": "Oslo", "type": "string"}'))
+        assert _job_allows(engine, {**body, "open_schemas": True}, wrap.format('{"people": ' + "7" * 40 + "}"))
+
+
+def test_null_n_and_stream_are_the_defaults(server):
+    body = {"model": NAME, "messages": MESSAGES, "max_tokens": 3, "n": None, "stream": None}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["object"] == "chat.completion"

@@ -55,6 +55,15 @@ Metrics = Annotated[
     ),
 ]
 
+OpenSchemas = Annotated[
+    bool,
+    typer.Option(
+        "--open-schemas",
+        help="Read JSON schemas as written: objects take keys they do not list, numbers and strings "
+        "are unbounded (by default they are closed and bounded; a request's open_schemas wins).",
+    ),
+]
+
 
 def _bind(host: str, port: int) -> socket.socket:
     """A socket bound (not yet listening) to host:port; a one-line error when that fails."""
@@ -118,6 +127,7 @@ def serve(
     queue: QueueSize = 8,
     save_every: SaveEvery = 300.0,
     metrics: Metrics = True,
+    open_schemas: OpenSchemas = False,
     *,
     options: DecodingOptions,
 ) -> None:
@@ -133,6 +143,7 @@ def serve(
     from ..serve.metrics import ServerMetrics
     from ..serve.requests import ServedModel
     from ..serve.worker import DecodeWorker
+    from ..text.schema_defaults import AS_WRITTEN, STRICT
     from .setup import open_engine, save_state
 
     try:
@@ -149,6 +160,7 @@ def serve(
             default_sampling=options.sampling,
             vocab_size=engine.decoder.vocab_size,
             stop_ids=tuple(loaded.eos_token_ids),
+            schema_reading=AS_WRITTEN if open_schemas else STRICT,
         )
         counters = ServerMetrics() if metrics else None
         worker = DecodeWorker(

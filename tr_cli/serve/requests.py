@@ -6,7 +6,7 @@ the model's generation config exactly as `tr chat` merges them)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from ..core.errors import SettingError
@@ -16,6 +16,7 @@ from ..engine.options import DEFAULT_MAX_NEW_TOKENS
 from ..text.conversation import ConversationEncoder, TemplateError
 from ..text.grammar import Grammar, GrammarCompiler, GrammarConstraint, GrammarError
 from ..text.prompt_bound import fewest_tokens, longest_token_chars
+from ..text.schema_defaults import AS_WRITTEN, STRICT, SchemaReading
 from ..text.tools import Tool, ToolChoice, ToolFormat, parameter_grammars, tool_format
 from .errors import ApiError
 from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
@@ -36,6 +37,7 @@ class ServedModel:
     stop_ids: tuple[int, ...]  # the tokens that end a reply (a grammar allows them at its end)
     default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS
     default_sampling: SamplingRequest = field(default_factory=SamplingRequest)
+    schema_reading: SchemaReading = STRICT  # what schemas leave unsaid, unless a request says (open_schemas)
 
     def __post_init__(self) -> None:
         self.encoder = ConversationEncoder(self.tokenizer)
@@ -59,6 +61,12 @@ class ServedModel:
             return self.grammars.constraint(grammar)
         except GrammarError as exc:
             raise ApiError(400, str(exc), param=param) from None
+
+    def reading(self, request: GenerationRequest) -> SchemaReading:
+        """How the request's schemas are read: as it asks (open_schemas), else the server's way."""
+        if request.open_schemas is None:
+            return self.schema_reading
+        return AS_WRITTEN if request.open_schemas else STRICT
 
     def tool_grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
         """The grammar the reply follows for the tools offered (None: free text), each tool's
@@ -179,12 +187,13 @@ class ServedModel:
         budget = self.budget(prompt, request.requested_tokens())
         read_calls = None
         setup = request.tool_setup() if isinstance(request, ChatCompletionRequest) else None
+        reading = self.reading(request)
         if setup is not None and setup[1].offers:
-            tools, choice = setup
+            tools, choice = [replace(tool, reading=reading) for tool in setup[0]], setup[1]
             grammar, param = self.tool_grammar(tools, choice), "tools"
             read_calls = lambda text: self.tool_format.parse(text, tools)  # noqa: E731
         else:
-            grammar, param = request.grammar(), "response_format"
+            grammar, param = request.grammar(reading), "response_format"
         constraint = self.constraint(grammar, param)
         return Job(
             prompt,

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.logprobs import MAX_TOP
 from ..text.grammar import Grammar, GrammarError
 from ..text.input_text import unicode_problem
+from ..text.schema_defaults import STRICT, SchemaReading
 from ..text.tools import NO_PARAMETERS, Tool, ToolChoice
 from .errors import ApiError
 
@@ -117,10 +118,11 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
-    def grammar(self) -> Grammar | None:
+    def grammar(self, reading: SchemaReading = STRICT) -> Grammar | None:
         """The grammar replies must match; None for plain text. A schema that cannot be used is
         refused here (400), before the request queues. `strict: true` refuses keywords that
-        cannot be enforced; without it they are ignored and the rest of the schema holds."""
+        cannot be enforced; without it they are ignored and the rest of the schema holds.
+        `reading`: what the schema leaves unsaid (text/schema_defaults.py)."""
         if self.type == "text":
             return None
         if self.type == "json_object":
@@ -129,7 +131,7 @@ class ResponseFormat(BaseModel):
             raise ApiError(400, "response_format: type json_schema needs json_schema.schema", param="response_format")
         try:
             return Grammar.json_schema(
-                self.json_schema.schema_,
+                reading.apply(self.json_schema.schema_),
                 strict=bool(self.json_schema.strict),
                 name="response_format.json_schema.schema",
             )
@@ -154,14 +156,16 @@ class GenerationRequest(BaseModel):
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
     stop: str | list[str] | None = None
-    n: Annotated[int, Field(ge=1)] = 1
-    stream: bool = False
+    n: Annotated[int, Field(ge=1)] | None = 1  # null: the default (the spec marks both nullable)
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # tr's own sampling knobs (what `tr chat` offers; vLLM and llama.cpp accept the same names).
     top_k: Annotated[int, Field(ge=0)] | None = None
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     response_format: ResponseFormat | None = None
+    # tr's: JSON Schema's own reading of schemas (objects open, values unbounded; docs/server.md).
+    open_schemas: bool | None = None
     # Declared so that a request relying on them is refused, not silently answered without them.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -176,15 +180,15 @@ class GenerationRequest(BaseModel):
             raise ApiError(400, f"stop: sequences of at most {MAX_STOP_LENGTH} characters", param="stop")
         return tuple(checked_text(s, "stop") for s in stops if s)
 
-    def grammar(self) -> Grammar | None:
-        return self.response_format.grammar() if self.response_format is not None else None
+    def grammar(self, reading: SchemaReading = STRICT) -> Grammar | None:
+        return self.response_format.grammar(reading) if self.response_format is not None else None
 
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
     def unsupported(self) -> None:
         """Refuse what tr cannot do (one decode at a time, exact distributions only)."""
-        if self.n != 1:
+        if self.n not in (None, 1):
             raise ApiError(400, f"n: only 1 choice per request is supported, got {self.n}", param="n")
         if self.best_of not in (None, 1):
             raise ApiError(400, "best_of: only 1 is supported", param="best_of")

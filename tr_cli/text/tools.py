@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .grammar import JSON_LAYOUT, Grammar, GrammarError
+from .schema_defaults import STRICT, SchemaReading
 
 Message = dict[str, Any]
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # a function without parameters
@@ -39,6 +40,12 @@ class Tool:
     description: str
     parameters: dict
     strict: bool = False
+    reading: SchemaReading = STRICT  # what the parameter schema leaves unsaid (text/schema_defaults.py)
+
+    @property
+    def held_to(self) -> dict:
+        """The parameter schema the grammar holds the arguments to."""
+        return self.reading.apply(self.parameters)
 
     def as_template(self) -> dict:
         """The OpenAI shape chat templates take as `tools`."""
@@ -85,7 +92,7 @@ def parameter_grammars(tools: list[Tool]) -> list[Grammar]:
         if tool.name in seen:
             raise GrammarError(f"tools[{index}].function.name: '{tool.name}' names two tools")
         seen.add(tool.name)
-        grammars.append(Grammar.json_schema(tool.parameters, tool.strict, f"tools[{index}].function.parameters"))
+        grammars.append(Grammar.json_schema(tool.held_to, tool.strict, f"tools[{index}].function.parameters"))
     return grammars
 
 
@@ -138,7 +145,7 @@ def _calls_schema(tools: list[Tool], call: Callable[[str, dict], dict], extra: l
     """anyOf the calls `call(name, parameters)` builds for `tools` (and the `extra` options), each
     tool's parameters embedded with their definitions."""
     defs: dict = {}
-    options = [call(tool.name, _embedded(tool.parameters, f"tool{i}", defs)) for i, tool in enumerate(tools)]
+    options = [call(tool.name, _embedded(tool.held_to, f"tool{i}", defs)) for i, tool in enumerate(tools)]
     schema: dict = {"anyOf": options + extra}
     if defs:
         schema["$defs"] = defs
