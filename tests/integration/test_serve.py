@@ -1393,3 +1393,32 @@ def test_null_n_and_stream_are_the_defaults(server):
     response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert response.json()["object"] == "chat.completion"
+
+
+def test_a_tool_call_cut_by_max_tokens_is_the_call_so_far_with_length(server):
+    """As OpenAI returns it: the call's name and its arguments as far as they got, never tr's
+    `{"tool_call": ...` wrapper as content; streamed the same way."""
+    api = client(server)
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for max_tokens in (20, 26):
+        reply = api.chat.completions.create(
+            model=NAME, messages=messages, tools=[WEATHER_TOOL], tool_choice=named, max_tokens=max_tokens
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "length" and not (choice.message.content or "").startswith("{")
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        assert '"tool_call"' not in call.function.arguments
+        content, calls, reason = streamed_calls(
+            api.chat.completions.create(
+                model=NAME,
+                messages=messages,
+                tools=[WEATHER_TOOL],
+                tool_choice=named,
+                max_tokens=max_tokens,
+                stream=True,
+            )
+        )
+        assert reason == "length" and content == "" and [c["name"] for c in calls] == ["get_weather"]
+        assert calls[0]["arguments"] == call.function.arguments

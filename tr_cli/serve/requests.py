@@ -191,7 +191,10 @@ class ServedModel:
         if setup is not None and setup[1].offers:
             tools, choice = [replace(tool, reading=reading) for tool in setup[0]], setup[1]
             grammar, param = self.tool_grammar(tools, choice), "tools"
-            read_calls = lambda text: self.tool_format.parse(text, tools)  # noqa: E731
+
+            def read_calls(text: str, whole: bool) -> tuple:
+                return (self.tool_format.parse if whole else self.tool_format.parse_cut)(text, tools)
+
         else:
             grammar, param = request.grammar(reading), "response_format"
         constraint = self.constraint(grammar, param)

@@ -88,8 +88,9 @@ class Job:
     stops: tuple[str, ...] = ()
     logprobs: int | None = None  # the most likely tokens to give beside each token's; None: no logprobs
     constraint: TokenConstraint | None = None  # the grammar the reply must match (structured output)
-    # With tools offered: reads the finished reply as (content, tool calls) (text/tools.py).
-    read_calls: Callable[[str], tuple[str | None, list[ToolCall]]] | None = None
+    # With tools offered: reads the finished reply (whole: True; cut by max_tokens: False) as
+    # (content, tool calls) (text/tools.py).
+    read_calls: Callable[[str, bool], tuple[str | None, list[ToolCall]]] | None = None
     enqueued: float = field(default_factory=time.perf_counter)
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)  # the requester's (default: running)
     _inbox: asyncio.Queue | None = None

@@ -175,6 +175,22 @@ class ToolFormat(ABC):
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         """The reply's content (None when it is only calls) and its calls."""
 
+    def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        """A reply cut short (max_tokens): what a client can read of it, as OpenAI returns a cut
+        call (the name, and the arguments' JSON text as far as it got). Default: the text."""
+        return self.parse(text, tools)
+
+
+_CUT_CALL = re.compile(r'\s*\{"name": "((?:[^"\\]|\\.)*)"(?:, "(?:arguments|parameters)": )?(.*)', re.DOTALL)
+
+
+def _cut_call(text: str) -> list[ToolCall]:
+    """The call a cut `{"name": ..., "arguments": ...` begins; none before its name is whole."""
+    match = _CUT_CALL.match(text)
+    if match is None:
+        return []
+    return [ToolCall(new_call_id(), json.loads(f'"{match[1]}"'), match[2])]
+
 
 def _only(key: str, value: dict) -> dict:
     """An object with one required property."""
@@ -266,6 +282,26 @@ class GenericFormat(ToolFormat):
             return value["response"], []
         return text, []
 
+    def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        stripped = text.lstrip()
+        if stripped.startswith('{"tool_call": '):
+            return None, _cut_call(stripped[len('{"tool_call": ') :])
+        if stripped.startswith('{"response": "'):
+            return _partial_string(stripped[len('{"response": "') :]), []
+        if stripped.startswith("{"):
+            return None, []  # cut before the wrapper said which: nothing a client can read
+        return self.parse(text, tools)
+
+
+def _partial_string(body: str) -> str:
+    """The text of a JSON string cut short (its opening quote gone): as much as decodes."""
+    for end in range(len(body), max(len(body) - 12, -1), -1):  # an escape cut in half: drop it
+        try:
+            return json.loads(f'"{body[:end]}"')
+        except ValueError:
+            continue
+    return body
+
 
 def _native_messages(messages: list[Message]) -> list[Message]:
     """Calls and results in the shape transformers' chat templates read (arguments as objects)."""
@@ -342,6 +378,13 @@ class HermesFormat(ToolFormat):
         rest = self._BLOCK.sub("", text).strip() if self._BLOCK.search(text) else ""
         return rest or None, calls
 
+    def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        whole, _, cut = text.rpartition("<tool_call>")
+        if not _ or "</tool_call>" in cut:
+            return self.parse(text, tools)
+        content, calls = self.parse(whole, tools) if whole.strip() else (None, [])
+        return content, calls + _cut_call(cut)
+
 
 class Llama3Format(ToolFormat):
     name = "llama3"
@@ -371,6 +414,10 @@ class Llama3Format(ToolFormat):
             arguments = value.get("parameters", value.get("arguments", {}))
             return None, [ToolCall(new_call_id(), value["name"], _arguments_text(arguments))]
         return text, []
+
+    def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        calls = _cut_call(text)
+        return (None, calls) if calls else self.parse(text, tools)
 
 
 def tool_format(chat_template: str | None, added_tokens: Mapping[str, int] | None = None) -> ToolFormat:
