@@ -156,8 +156,10 @@ def test_chat_reply_equals_generate_streamed_or_not(engine, server):
     assert whole.choices[0].message.role == "assistant"
     assert whole.choices[0].finish_reason == ("stop" if len(tokens) < 20 else "length")
     assert whole.usage.prompt_tokens == len(ids)
-    assert whole.usage.completion_tokens == len(tokens)
-    assert whole.usage.total_tokens == len(ids) + len(tokens)
+    # What the client got: the end-of-turn token is not part of it.
+    shown = len(tokens) - (tokens[-1] == engine.loaded.eos_token_ids[0])
+    assert whole.usage.completion_tokens == shown
+    assert whole.usage.total_tokens == len(ids) + shown
     assert whole.object == "chat.completion" and whole.model == NAME and whole.id.startswith("chatcmpl-")
     stats = whole.model_extra["tr"]
     assert stats["steps"] >= 1 and stats["mean_accepted_tokens"] >= 1.0
@@ -176,7 +178,7 @@ def test_chat_reply_equals_generate_streamed_or_not(engine, server):
     finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert [c.choices[0].finish_reason for c in finishing] == [whole.choices[0].finish_reason]
     assert "tr" in finishing[0].model_extra
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(tokens)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == shown
     # The same prompt again: the cache held all of it, so only its last token was fed.
     assert finishing[0].model_extra["tr"]["prompt_tokens_reused"] == len(ids) - 1
 
@@ -228,6 +230,10 @@ def test_stop_strings_cut_the_reply_like_the_api(engine, server):
     whole = api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=24, stop=[stop, "never seen"])
     assert whole.choices[0].message.content == cut
     assert whole.choices[0].finish_reason == "stop"
+    # usage counts the tokens whose text the client got, none past the stop string.
+    tokens, got = expected(engine, ids, 24)[1], whole.usage.completion_tokens
+    decoded = [engine.loaded.tokenizer.decode(tokens[:k], skip_special_tokens=True) for k in (got - 1, got)]
+    assert len(decoded[0]) < len(cut) <= len(decoded[1]) and got < len(tokens), (got, decoded, cut)
     streamed, _ = stream_text(
         api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=24, stop=stop, stream=True)
     )
@@ -818,10 +824,11 @@ def test_metrics_count_what_was_served(engine):
     assert one("tr_requests_total", route="/health", status="200") == 1
     usage, stats = reply.usage, reply.model_extra["tr"]
     assert one("tr_prompt_tokens_total") == usage.prompt_tokens
-    assert one("tr_generated_tokens_total") == usage.completion_tokens
+    generated = one("tr_generated_tokens_total")  # every token decoded, the end of turn too
+    assert generated == usage.completion_tokens + (reply.choices[0].finish_reason == "stop")
     steps, step_tokens = one("tr_decode_steps_total"), one("tr_step_tokens_total")
     assert steps == stats["steps"] > 0
-    assert step_tokens == usage.completion_tokens - 1  # the prefill emits the first token
+    assert step_tokens == generated - 1  # the prefill emits the first token
     assert step_tokens / steps == pytest.approx(stats["mean_accepted_tokens"], abs=1e-4)
     # Each step emits its accepted drafts and at most one bonus token; a node counts for every
     # source that drafted it.

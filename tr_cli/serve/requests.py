@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 
 from ..core.errors import SettingError
 from ..core.sampling_config import SamplingConfig, SamplingRequest
@@ -21,6 +22,16 @@ from ..text.tools import Tool, ToolChoice, ToolFormat, parameter_grammars, tool_
 from .errors import ApiError
 from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .worker import Job
+
+
+def model_aliases(argument: str, path: Path | None, general_name: str | None = None) -> frozenset[str]:
+    """The names a request may give for the model beside its id: the MODEL argument as given, the
+    path the server was started with (as given and resolved), the file or directory name with and
+    without its extension, and a GGUF's `general.name`."""
+    names = {argument, general_name}
+    if path is not None:
+        names |= {str(path), str(path.resolve()), path.name, path.stem}
+    return frozenset(name for name in names if name)
 
 
 @dataclass

@@ -20,7 +20,9 @@ FINGERPRINT = f"tr-{__version__}"
 
 
 def usage(finished: Finished) -> dict:
-    prompt, completion = finished.stats.prompt_tokens, finished.stats.new_tokens
+    """The tokens read and the tokens the client got (tr's statistics count every token decoded)."""
+    prompt = finished.stats.prompt_tokens
+    completion = finished.completion_tokens if finished.completion_tokens is not None else finished.stats.new_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

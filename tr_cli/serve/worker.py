@@ -64,6 +64,9 @@ class Finished:
     reused: int  # prompt tokens whose keys and values came from the cache
     queue_seconds: float
     logprobs: tuple[ShownLogprob, ...] | None = None  # of the reply's tokens, when asked
+    # The tokens the client got (usage.completion_tokens): not the end-of-turn token, nor those
+    # past a stop string; None: all the decoder generated.
+    completion_tokens: int | None = None
 
     @property
     def stats(self) -> GenerationStats:
@@ -390,4 +393,5 @@ class DecodeWorker:
         if rest:
             job.emit(Delta(rest, len(result.tokens), logprobs.shown() if logprobs else None))
         every = None if logprobs is None else logprobs.all_shown()
-        return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds, every)
+        shown = reply.tokens_shown()
+        return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds, every, shown)
