@@ -1191,7 +1191,6 @@ def test_a_tool_round_trip_through_the_openai_client_on_a_template_without_tools
             "nope",
         ),
         ({"tools": [WEATHER_TOOL], "logprobs": True}, "logprobs", "tools"),
-        ({"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}}, "response_format", "tools"),
         ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools", "names two tools"),
         (
             {
@@ -1429,3 +1428,33 @@ def test_a_tool_call_cut_by_max_tokens_is_the_call_so_far_with_length(server):
         )
         assert reason == "length" and content == "" and [c["name"] for c in calls] == ["get_weather"]
         assert calls[0]["arguments"] == call.function.arguments
+
+
+@pytest.mark.parametrize("which", ["generic", "hermes"])
+def test_response_format_beside_tools_is_a_call_or_the_answer_it_asks_for(which, engine, hermes_engine):
+    """openai-agents sends both when an agent has tools and an output type: the reply is a call,
+    or the final JSON the format asks for (never free text)."""
+    served = engine if which == "generic" else hermes_engine
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}
+    body = {
+        "model": NAME,
+        "messages": MESSAGES,
+        "tools": [WEATHER_TOOL],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": city}},
+    }
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+    if which == "generic":
+        as_call, answer, text = '{"tool_call": ' + call + "}", '{"response": {"city": "Oslo"}}', '{"response": "hi"}'
+    else:
+        as_call, answer, text = f"<tool_call>\n{call}\n</tool_call>", '{"city": "Oslo"}', "Hello there"
+    assert _job_allows(served, body, as_call) and _job_allows(served, body, answer)
+    assert not _job_allows(served, body, text) and not _job_allows(served, body, '{"city": "Oslo", "x": 1}')
+    with running(served) as server:
+        reply = client(server).chat.completions.create(**body, max_tokens=60)
+    choice = reply.choices[0]
+    if choice.finish_reason == "tool_calls":
+        check_weather_call(choice.message.tool_calls[0])
+    else:
+        assert choice.finish_reason in ("stop", "length") and choice.message.tool_calls is None
+        if choice.finish_reason == "stop":
+            assert set(json.loads(choice.message.content)) == {"city"}

@@ -79,12 +79,13 @@ class ServedModel:
             return self.schema_reading
         return AS_WRITTEN if request.open_schemas else STRICT
 
-    def tool_grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
+    def tool_grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
         """The grammar the reply follows for the tools offered (None: free text), each tool's
-        parameter schema checked first so that an error names the tool."""
+        parameter schema checked first so that an error names the tool; `answer`: the schema of
+        a reply that calls nothing (response_format), when there is one."""
         try:
             parameter_grammars(tools)  # each tool's schema on its own: an error names the tool
-            return self.tool_format.grammar(tools, choice)
+            return self.tool_format.grammar(tools, choice, answer)
         except GrammarError as exc:
             raise ApiError(400, str(exc), param="tools") from None
 
@@ -201,7 +202,8 @@ class ServedModel:
         reading = self.reading(request)
         if setup is not None and setup[1].offers:
             tools, choice = [replace(tool, reading=reading) for tool in setup[0]], setup[1]
-            grammar, param = self.tool_grammar(tools, choice), "tools"
+            answer = request.response_format.answer_schema(reading) if request.response_format else None
+            grammar, param = self.tool_grammar(tools, choice, answer), "tools"
 
             def read_calls(text: str, whole: bool) -> tuple:
                 return (self.tool_format.parse if whole else self.tool_format.parse_cut)(text, tools)

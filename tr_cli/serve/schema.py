@@ -138,6 +138,17 @@ class ResponseFormat(BaseModel):
         except GrammarError as exc:
             raise ApiError(400, str(exc), param="response_format") from None
 
+    def answer_schema(self, reading: SchemaReading = STRICT) -> dict | None:
+        """The schema of a reply that calls no tool (response_format beside tools), checked as
+        `grammar` checks it; None for plain text."""
+        if self.type == "text":
+            return None
+        self.grammar(reading)  # a schema that cannot be used is refused as without tools
+        if self.type == "json_object":
+            return {"type": "object"}
+        schema = self.json_schema.schema_
+        return reading.apply({} if schema is True else schema)
+
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -237,8 +248,6 @@ class ChatCompletionRequest(GenerationRequest):
         if offered is not None and offered[1].offers:
             if self.logprobs:
                 raise ApiError(400, "logprobs together with tools is not supported", param="logprobs")
-            if self.response_format is not None and self.response_format.type != "text":
-                raise ApiError(400, "response_format together with tools is not supported", param="response_format")
 
     def tool_setup(self) -> tuple[list[Tool], ToolChoice] | None:
         """The tools offered and how the model may use them; None without tools."""

@@ -141,11 +141,19 @@ def _embedded(schema: dict, tag: str, defs: dict) -> dict:
     return {"$ref": f"#/$defs/{tag}"}
 
 
-def _calls_schema(tools: list[Tool], call: Callable[[str, dict], dict], extra: list[dict]) -> dict:
-    """anyOf the calls `call(name, parameters)` builds for `tools` (and the `extra` options), each
-    tool's parameters embedded with their definitions."""
+def _calls_schema(
+    tools: list[Tool],
+    call: Callable[[str, dict], dict],
+    extra: list[dict],
+    answer: dict | None = None,
+    wrap: Callable[[dict], dict] = lambda schema: schema,
+) -> dict:
+    """anyOf the calls `call(name, parameters)` builds for `tools` (and the `extra` options, and
+    the `answer` schema as `wrap` wraps it), each schema embedded with its definitions."""
     defs: dict = {}
     options = [call(tool.name, _embedded(tool.held_to, f"tool{i}", defs)) for i, tool in enumerate(tools)]
+    if answer is not None:
+        options.append(wrap(_embedded(answer, "answer", defs)))
     schema: dict = {"anyOf": options + extra}
     if defs:
         schema["$defs"] = defs
@@ -168,8 +176,9 @@ class ToolFormat(ABC):
         """The conversation as the template gets it (tools described, calls and results written)."""
 
     @abstractmethod
-    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
-        """What the reply is held to (None: free text, calls read out of it)."""
+    def grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
+        """What the reply is held to (None: free text, calls read out of it). `answer`: the
+        schema of a reply that calls nothing (response_format beside tools), when there is one."""
 
     @abstractmethod
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
@@ -257,16 +266,18 @@ class GenericFormat(ToolFormat):
             return [{"role": "system", "content": f"{out[0]['content']}\n\n{text}"}, *out[1:]]
         return [{"role": "system", "content": text}, *out]
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
+    def grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
         if not choice.offers:
             return None
         extra = []
-        if not choice.forces_call:
+        if not choice.forces_call and answer is None:
             extra.append(_only("response", {"type": "string"}))
         schema = _calls_schema(
             choice.callable(tools),
             lambda name, parameters: _only("tool_call", _call(name, "arguments", parameters)),
             extra,
+            None if choice.forces_call else answer,
+            lambda schema: _only("response", schema),
         )
         return Grammar.json_schema(schema, strict=all(tool.strict for tool in tools), name="tools")
 
@@ -280,6 +291,8 @@ class GenericFormat(ToolFormat):
             return None, [ToolCall(new_call_id(), str(call.get("name")), _arguments_text(call.get("arguments", {})))]
         if isinstance(value, dict) and isinstance(value.get("response"), str):
             return value["response"], []
+        if isinstance(value, dict) and set(value) == {"response"}:  # an answer held to response_format
+            return json.dumps(value["response"], ensure_ascii=False), []
         return text, []
 
     def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
@@ -301,6 +314,16 @@ def _partial_string(body: str) -> str:
         except ValueError:
             continue
     return body
+
+
+def _bare_call(text: str, tools: list[Tool]) -> bool:
+    """Whether `text` is one call object alone (not an answer that has a "name" field)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    names = {tool.name for tool in tools}
+    return isinstance(value, dict) and value.get("name") in names and set(value) <= {"name", "arguments"}
 
 
 def _native_messages(messages: list[Message]) -> list[Message]:
@@ -346,24 +369,29 @@ class HermesFormat(ToolFormat):
     def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
         return _native_messages(messages)
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
-        if not choice.forces_call:
+    def grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
+        if not choice.forces_call and answer is None:
             return None  # "auto": the model writes text or calls; calls are read out of it
+        strict = all(tool.strict for tool in tools)
         schema = _calls_schema(
             choice.callable(tools), lambda name, parameters: _call(name, "arguments", parameters), []
         )
-        schema = _with_layout(schema, all(tool.strict for tool in tools))
+        schema = _with_layout(schema, strict)
         if self.tag_tokens is not None:
             opening, closing = (f"<[{token}]>" for token in self.tag_tokens)
         else:
             opening, closing = '"<tool_call>"', '"</tool_call>"'
-        lark = f'start: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(schema)}'
-        return Grammar.lark(lark, "tools")
+        calls = f'calls: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(schema)}'
+        if choice.forces_call:
+            return Grammar.lark(f"start: calls\n{calls}", "tools")
+        # "auto" with response_format: a call, or the answer the format asks for
+        answer_rule = f"answer: %json {json.dumps(_with_layout(answer, strict))}"
+        return Grammar.lark(f"start: calls | answer\n{calls}\n{answer_rule}", "tools")
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         calls = []
         blocks = self._BLOCK.findall(text)
-        if not blocks and text.strip().startswith("{"):
+        if not blocks and _bare_call(text, tools):
             blocks = [text.strip()]  # tags the tokenizer decodes to nothing (special tokens): the call alone
         for block in blocks:
             try:
@@ -393,11 +421,14 @@ class Llama3Format(ToolFormat):
     def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
         return _native_messages(messages)
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
-        if not choice.forces_call:
+    def grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
+        if not choice.forces_call and answer is None:
             return None
         schema = _calls_schema(
-            choice.callable(tools), lambda name, parameters: _call(name, "parameters", parameters), []
+            choice.callable(tools),
+            lambda name, parameters: _call(name, "parameters", parameters),
+            [],
+            None if choice.forces_call else answer,
         )
         return Grammar.json_schema(schema, strict=all(tool.strict for tool in tools), name="tools")
 
