@@ -50,17 +50,22 @@ def with_tool_tags(tokenizer):
     return tokenizer
 
 
-def hermes_checkpoint(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """A 2-layer random-weight Llama in `directory` whose tokenizer is the one in `tokenizer_dir`
-    with the tool tags added as tokens and HERMES_TEMPLATE as its chat template."""
+def tool_checkpoint(directory: Path, tokenizer_dir: Path, hermes: bool = True, ends_values: bool = False) -> Path:
+    """A 2-layer random-weight Llama in `directory` speaking through the tokenizer in
+    `tokenizer_dir`: with `hermes`, the tool tags added as tokens and HERMES_TEMPLATE as its chat
+    template (else the tokenizer's own template). `ends_values`: the model writes what ends a
+    JSON value (a closing quote) and the end of the turn wherever the grammar lets it, as real
+    models do; random weights alone would fill every unbounded string up to the token limit."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     directory.mkdir(parents=True, exist_ok=True)
-    tokenizer = with_tool_tags(AutoTokenizer.from_pretrained(tokenizer_dir))
-    tokenizer.chat_template = HERMES_TEMPLATE
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    if hermes:
+        tokenizer = with_tool_tags(tokenizer)
+        tokenizer.chat_template = HERMES_TEMPLATE
     tokenizer.save_pretrained(directory)
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     config = LlamaConfig(
         vocab_size=len(tokenizer) + 64 - len(tokenizer) % 64,  # rows past the tokenizer, as real models have
         hidden_size=32,
@@ -71,5 +76,20 @@ def hermes_checkpoint(directory: Path, tokenizer_dir: Path, seed: int = 0) -> Pa
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.bos_token_id,
     )
-    LlamaForCausalLM(config).save_pretrained(directory)
+    model = LlamaForCausalLM(config)
+    if ends_values:
+        # Every hidden state leans on dimension 0 (its embedding dominates the residual stream), and
+        # only the end of turn and the tokens that start with a quote read it: those win where allowed.
+        with torch.no_grad():
+            model.model.embed_tokens.weight[:, 0] = 20.0
+            model.lm_head.weight[:, 0] = 0.0
+            quotes = [i for token, i in tokenizer.get_vocab().items() if token.startswith('"')]
+            model.lm_head.weight[quotes, 0] = 1.0
+            model.lm_head.weight[tokenizer.eos_token_id, 0] = 2.0
+    model.save_pretrained(directory)
     return directory
+
+
+def hermes_checkpoint(directory: Path, tokenizer_dir: Path) -> Path:
+    """tool_checkpoint's Hermes model with random weights."""
+    return tool_checkpoint(directory, tokenizer_dir)
