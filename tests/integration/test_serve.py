@@ -491,9 +491,9 @@ def _serve_one(worker: DecodeWorker, job_class: type[Job], prompt: list[int], **
 def test_a_grammar_engine_that_gives_up_is_the_servers_500_not_the_clients_400(engine):
     """The grammar engine failing mid-decode is the server's failure (OpenAI's server_error), not
     a request to simplify the schema."""
-    from tr_cli.core.constraint import ConstraintError
-
     from set_constraint import SetConstraint
+
+    from tr_cli.core.constraint import ConstraintError
 
     class GivesUp(SetConstraint):
         def advance(self, token: int) -> None:
