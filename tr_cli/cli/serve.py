@@ -55,6 +55,15 @@ Metrics = Annotated[
     ),
 ]
 
+OpenSchemas = Annotated[
+    bool,
+    typer.Option(
+        "--open-schemas",
+        help="Read JSON schemas as written: objects take keys they do not list, numbers and strings "
+        "are unbounded (by default they are closed and bounded; a request's open_schemas wins).",
+    ),
+]
+
 
 def _bind(host: str, port: int) -> socket.socket:
     """A socket bound (not yet listening) to host:port; a one-line error when that fails."""
@@ -100,6 +109,19 @@ def _wait_started(server: uvicorn.Server, http: threading.Thread) -> None:
         time.sleep(0.01)
 
 
+def _general_name(source) -> str | None:
+    """A GGUF's `general.name` (a name clients copy from model cards), when it has one."""
+    if source.kind != "gguf" or source.path is None:
+        return None
+    from ..models.gguf_header import GGUFError, read_header
+
+    try:
+        name = read_header(source.path).values.get("general.name")
+    except (GGUFError, OSError):
+        return None
+    return name if isinstance(name, str) else None
+
+
 def _access_log() -> None:
     logger = logging.getLogger("tr.serve")
     if not logger.handlers:
@@ -118,6 +140,7 @@ def serve(
     queue: QueueSize = 8,
     save_every: SaveEvery = 300.0,
     metrics: Metrics = True,
+    open_schemas: OpenSchemas = False,
     *,
     options: DecodingOptions,
 ) -> None:
@@ -134,8 +157,9 @@ def serve(
     from ..serve.app import create_app
     from ..serve.connections import with_head_deadline
     from ..serve.metrics import ServerMetrics
-    from ..serve.requests import ServedModel
+    from ..serve.requests import ServedModel, model_aliases
     from ..serve.worker import DecodeWorker
+    from ..text.schema_defaults import AS_WRITTEN, STRICT
     from .setup import open_engine, save_state
 
     try:
@@ -143,7 +167,7 @@ def serve(
         loaded = engine.loaded
         served = ServedModel(
             name=loaded.model_id,
-            aliases=frozenset({options.model or DEFAULT_MODEL}),
+            aliases=model_aliases(options.model or DEFAULT_MODEL, loaded.source.path, _general_name(loaded.source)),
             tokenizer=loaded.tokenizer,
             generation_config=getattr(loaded.model, "generation_config", None),
             context_length=loaded.context_length,
@@ -152,6 +176,7 @@ def serve(
             default_sampling=options.sampling,
             vocab_size=engine.decoder.vocab_size,
             stop_ids=tuple(loaded.eos_token_ids),
+            schema_reading=AS_WRITTEN if open_schemas else STRICT,
         )
         counters = ServerMetrics() if metrics else None
         worker = DecodeWorker(

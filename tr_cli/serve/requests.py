@@ -6,8 +6,9 @@ the model's generation config exactly as `tr chat` merges them)."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
+from pathlib import Path
 
 from ..core.errors import SettingError
 from ..core.sampling_config import SamplingConfig, SamplingRequest
@@ -16,10 +17,21 @@ from ..engine.options import DEFAULT_MAX_NEW_TOKENS
 from ..text.conversation import ConversationEncoder, TemplateError
 from ..text.grammar import Grammar, GrammarCompiler, GrammarConstraint, GrammarError
 from ..text.prompt_bound import fewest_tokens, longest_token_chars
+from ..text.schema_defaults import AS_WRITTEN, STRICT, SchemaReading
 from ..text.tools import Tool, ToolChoice, ToolFormat, parameter_grammars, tool_format
 from .errors import ApiError
 from .schema import ChatCompletionRequest, CompletionRequest, GenerationRequest
 from .worker import Job
+
+
+def model_aliases(argument: str, path: Path | None, general_name: str | None = None) -> frozenset[str]:
+    """The names a request may give for the model beside its id: the MODEL argument as given, the
+    path the server was started with (as given and resolved), the file or directory name with and
+    without its extension, and a GGUF's `general.name`."""
+    names = {argument, general_name}
+    if path is not None:
+        names |= {str(path), str(path.resolve()), path.name, path.stem}
+    return frozenset(name for name in names if name)
 
 
 @dataclass
@@ -36,6 +48,7 @@ class ServedModel:
     stop_ids: tuple[int, ...]  # the tokens that end a reply (a grammar allows them at its end)
     default_max_tokens: int = DEFAULT_MAX_NEW_TOKENS
     default_sampling: SamplingRequest = field(default_factory=SamplingRequest)
+    schema_reading: SchemaReading = STRICT  # what schemas leave unsaid, unless a request says (open_schemas)
 
     def __post_init__(self) -> None:
         self.encoder = ConversationEncoder(self.tokenizer)
@@ -48,7 +61,8 @@ class ServedModel:
     @cached_property
     def tool_format(self) -> ToolFormat:
         """How this model's chat template speaks tools (text/tools.py)."""
-        return tool_format(getattr(self.tokenizer, "chat_template", None))
+        added = self.tokenizer.get_added_vocab() if hasattr(self.tokenizer, "get_added_vocab") else {}
+        return tool_format(getattr(self.tokenizer, "chat_template", None), added)
 
     def constraint(self, grammar: Grammar | None, param: str) -> GrammarConstraint | None:
         """The reply's grammar in its initial state, checked against the tokenizer; None for text."""
@@ -59,12 +73,19 @@ class ServedModel:
         except GrammarError as exc:
             raise ApiError(400, str(exc), param=param) from None
 
-    def tool_grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
+    def reading(self, request: GenerationRequest) -> SchemaReading:
+        """How the request's schemas are read: as it asks (open_schemas), else the server's way."""
+        if request.open_schemas is None:
+            return self.schema_reading
+        return AS_WRITTEN if request.open_schemas else STRICT
+
+    def tool_grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
         """The grammar the reply follows for the tools offered (None: free text), each tool's
-        parameter schema checked first so that an error names the tool."""
+        parameter schema checked first so that an error names the tool; `answer`: the schema of
+        a reply that calls nothing (response_format), when there is one."""
         try:
             parameter_grammars(tools)  # each tool's schema on its own: an error names the tool
-            return self.tool_format.grammar(tools, choice)
+            return self.tool_format.grammar(tools, choice, answer)
         except GrammarError as exc:
             raise ApiError(400, str(exc), param="tools") from None
 
@@ -178,12 +199,17 @@ class ServedModel:
         budget = self.budget(prompt, request.requested_tokens())
         read_calls = None
         setup = request.tool_setup() if isinstance(request, ChatCompletionRequest) else None
+        reading = self.reading(request)
         if setup is not None and setup[1].offers:
-            tools, choice = setup
-            grammar, param = self.tool_grammar(tools, choice), "tools"
-            read_calls = lambda text: self.tool_format.parse(text, tools)  # noqa: E731
+            tools, choice = [replace(tool, reading=reading) for tool in setup[0]], setup[1]
+            answer = request.response_format.answer_schema(reading) if request.response_format else None
+            grammar, param = self.tool_grammar(tools, choice, answer), "tools"
+
+            def read_calls(text: str, whole: bool) -> tuple:
+                return (self.tool_format.parse if whole else self.tool_format.parse_cut)(text, tools)
+
         else:
-            grammar, param = request.grammar(), "response_format"
+            grammar, param = request.grammar(reading), "response_format"
         constraint = self.constraint(grammar, param)
         return Job(
             prompt,

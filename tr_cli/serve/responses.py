@@ -20,7 +20,9 @@ FINGERPRINT = f"tr-{__version__}"
 
 
 def usage(finished: Finished) -> dict:
-    prompt, completion = finished.stats.prompt_tokens, finished.stats.new_tokens
+    """The tokens read and the tokens the client got (tr's statistics count every token decoded)."""
+    prompt = finished.stats.prompt_tokens
+    completion = finished.completion_tokens if finished.completion_tokens is not None else finished.stats.new_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -71,7 +73,7 @@ class Reply:
     model: str
     # With tools offered: the finished text read as (content, calls); the reply is then held back
     # while it is decoded and streamed once read (calls as delta.tool_calls).
-    read_calls: Callable[[str], tuple[str | None, list[ToolCall]]] | None = None
+    read_calls: Callable[[str, bool], tuple[str | None, list[ToolCall]]] | None = None
 
     def __post_init__(self) -> None:
         self._read: tuple[str | None, list[ToolCall]] | None = None
@@ -93,13 +95,14 @@ class Reply:
         }
 
     def calls(self, finished: Finished) -> tuple[str | None, list[ToolCall], str]:
-        """The reply's content, its tool calls and the finish reason ("tool_calls" when it calls)."""
-        if self.read_calls is None or finished.finish_reason != "stop":
-            return finished.text, [], finished.finish_reason  # a reply cut short is shown as written
+        """The reply's content, its tool calls and the finish reason ("tool_calls" when it calls; a
+        call cut short by max_tokens is returned as far as it got, with "length")."""
+        if self.read_calls is None:
+            return finished.text, [], finished.finish_reason
         if self._read is None:  # once: each read names its calls afresh
-            self._read = self.read_calls(finished.text)
+            self._read = self.read_calls(finished.text, finished.finish_reason == "stop")
         content, calls = self._read
-        return content, calls, "tool_calls" if calls else finished.finish_reason
+        return content, calls, "tool_calls" if calls and finished.finish_reason == "stop" else finished.finish_reason
 
     def whole(self, finished: Finished) -> dict:
         """The non-streamed response."""

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ..core.logprobs import MAX_TOP
 from ..text.grammar import Grammar, GrammarError
 from ..text.input_text import unicode_problem
+from ..text.schema_defaults import STRICT, SchemaReading
 from ..text.tools import NO_PARAMETERS, Tool, ToolChoice
 from .errors import ApiError
 
@@ -117,10 +118,11 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
-    def grammar(self) -> Grammar | None:
+    def grammar(self, reading: SchemaReading = STRICT) -> Grammar | None:
         """The grammar replies must match; None for plain text. A schema that cannot be used is
         refused here (400), before the request queues. `strict: true` refuses keywords that
-        cannot be enforced; without it they are ignored and the rest of the schema holds."""
+        cannot be enforced; without it they are ignored and the rest of the schema holds.
+        `reading`: what the schema leaves unsaid (text/schema_defaults.py)."""
         if self.type == "text":
             return None
         if self.type == "json_object":
@@ -129,12 +131,23 @@ class ResponseFormat(BaseModel):
             raise ApiError(400, "response_format: type json_schema needs json_schema.schema", param="response_format")
         try:
             return Grammar.json_schema(
-                self.json_schema.schema_,
+                reading.apply(self.json_schema.schema_),
                 strict=bool(self.json_schema.strict),
                 name="response_format.json_schema.schema",
             )
         except GrammarError as exc:
             raise ApiError(400, str(exc), param="response_format") from None
+
+    def answer_schema(self, reading: SchemaReading = STRICT) -> dict | None:
+        """The schema of a reply that calls no tool (response_format beside tools), checked as
+        `grammar` checks it; None for plain text."""
+        if self.type == "text":
+            return None
+        self.grammar(reading)  # a schema that cannot be used is refused as without tools
+        if self.type == "json_object":
+            return {"type": "object"}
+        schema = self.json_schema.schema_
+        return reading.apply({} if schema is True else schema)
 
 
 class StreamOptions(BaseModel):
@@ -162,8 +175,8 @@ class GenerationRequest(BaseModel):
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     seed: Annotated[int, Field(ge=0, lt=2**64)] | None = None
     stop: str | list[str] | None = None
-    n: Annotated[int, Field(ge=1)] = 1
-    stream: bool = False
+    n: Annotated[int, Field(ge=1)] | None = 1  # null: the default (the spec marks both nullable)
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # tr's own sampling knobs (what `tr chat` offers; vLLM and llama.cpp accept the same names).
@@ -171,6 +184,8 @@ class GenerationRequest(BaseModel):
     repetition_penalty: Annotated[float, Field(gt=0)] | None = None
     response_format: ResponseFormat | None = None
     tr: TrOptions | None = None
+    # tr's: JSON Schema's own reading of schemas (objects open, values unbounded; docs/server.md).
+    open_schemas: bool | None = None
     # Declared so that a request relying on them is refused, not silently answered without them.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
@@ -185,8 +200,8 @@ class GenerationRequest(BaseModel):
             raise ApiError(400, f"stop: sequences of at most {MAX_STOP_LENGTH} characters", param="stop")
         return tuple(checked_text(s, "stop") for s in stops if s)
 
-    def grammar(self) -> Grammar | None:
-        return self.response_format.grammar() if self.response_format is not None else None
+    def grammar(self, reading: SchemaReading = STRICT) -> Grammar | None:
+        return self.response_format.grammar(reading) if self.response_format is not None else None
 
     def wants_steps(self) -> bool:
         """Whether the stream carries the draft steps (a whole response never does)."""
@@ -197,7 +212,7 @@ class GenerationRequest(BaseModel):
 
     def unsupported(self) -> None:
         """Refuse what tr cannot do (one decode at a time, exact distributions only)."""
-        if self.n != 1:
+        if self.n not in (None, 1):
             raise ApiError(400, f"n: only 1 choice per request is supported, got {self.n}", param="n")
         if self.best_of not in (None, 1):
             raise ApiError(400, "best_of: only 1 is supported", param="best_of")
@@ -246,8 +261,6 @@ class ChatCompletionRequest(GenerationRequest):
         if offered is not None and offered[1].offers:
             if self.logprobs:
                 raise ApiError(400, "logprobs together with tools is not supported", param="logprobs")
-            if self.response_format is not None and self.response_format.type != "text":
-                raise ApiError(400, "response_format together with tools is not supported", param="response_format")
 
     def tool_setup(self) -> tuple[list[Tool], ToolChoice] | None:
         """The tools offered and how the model may use them; None without tools."""

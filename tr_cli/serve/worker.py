@@ -66,6 +66,9 @@ class Finished:
     reused: int  # prompt tokens whose keys and values came from the cache
     queue_seconds: float
     logprobs: tuple[ShownLogprob, ...] | None = None  # of the reply's tokens, when asked
+    # The tokens the client got (usage.completion_tokens): not the end-of-turn token, nor those
+    # past a stop string; None: all the decoder generated.
+    completion_tokens: int | None = None
 
     @property
     def stats(self) -> GenerationStats:
@@ -90,8 +93,9 @@ class Job:
     stops: tuple[str, ...] = ()
     logprobs: int | None = None  # the most likely tokens to give beside each token's; None: no logprobs
     constraint: TokenConstraint | None = None  # the grammar the reply must match (structured output)
-    # With tools offered: reads the finished reply as (content, tool calls) (text/tools.py).
-    read_calls: Callable[[str], tuple[str | None, list[ToolCall]]] | None = None
+    # With tools offered: reads the finished reply (whole: True; cut by max_tokens: False) as
+    # (content, tool calls) (text/tools.py).
+    read_calls: Callable[[str, bool], tuple[str | None, list[ToolCall]]] | None = None
     steps: bool = False  # a Delta per step, each with its draft step (`"tr": {"steps": true}`)
     enqueued: float = field(default_factory=time.perf_counter)
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)  # the requester's (default: running)
@@ -315,10 +319,10 @@ class DecodeWorker:
             self.decoder.set_logprobs(job.logprobs)
             self.decoder.set_constraint(job.constraint)
             finish = self._decode(job, reused, queue_seconds)
-        except ConstraintError as exc:  # the grammar engine gave up (its limits): the schema's doing
+        except ConstraintError as exc:  # the grammar engine gave up mid-reply: the server's failure
             log.warning("the grammar stopped the decode: %s", exc)
             self.decoder.reset()  # stopped inside a step: its state is unknown
-            finish = Failed(ApiError(400, f"the reply's grammar could not go on: {exc}; simplify the schema"))
+            finish = Failed(server_error(f"the reply's grammar could not go on: {exc}"))
             self._outcome("failed")
             job.emit(finish)
             return
@@ -394,4 +398,5 @@ class DecodeWorker:
         if rest:
             job.emit(Delta(rest, len(result.tokens), logprobs.shown() if logprobs else None))
         every = None if logprobs is None else logprobs.all_shown()
-        return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds, every)
+        shown = reply.tokens_shown()
+        return Finished(reply.text(), FINISH_REASONS[reason], result, reused, queue_seconds, every, shown)

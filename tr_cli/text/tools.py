@@ -23,11 +23,12 @@ import json
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .grammar import JSON_LAYOUT, Grammar, GrammarError
+from .schema_defaults import STRICT, SchemaReading
 
 Message = dict[str, Any]
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # a function without parameters
@@ -39,6 +40,12 @@ class Tool:
     description: str
     parameters: dict
     strict: bool = False
+    reading: SchemaReading = STRICT  # what the parameter schema leaves unsaid (text/schema_defaults.py)
+
+    @property
+    def held_to(self) -> dict:
+        """The parameter schema the grammar holds the arguments to."""
+        return self.reading.apply(self.parameters)
 
     def as_template(self) -> dict:
         """The OpenAI shape chat templates take as `tools`."""
@@ -85,7 +92,7 @@ def parameter_grammars(tools: list[Tool]) -> list[Grammar]:
         if tool.name in seen:
             raise GrammarError(f"tools[{index}].function.name: '{tool.name}' names two tools")
         seen.add(tool.name)
-        grammars.append(Grammar.json_schema(tool.parameters, tool.strict, f"tools[{index}].function.parameters"))
+        grammars.append(Grammar.json_schema(tool.held_to, tool.strict, f"tools[{index}].function.parameters"))
     return grammars
 
 
@@ -134,11 +141,19 @@ def _embedded(schema: dict, tag: str, defs: dict) -> dict:
     return {"$ref": f"#/$defs/{tag}"}
 
 
-def _calls_schema(tools: list[Tool], call: Callable[[str, dict], dict], extra: list[dict]) -> dict:
-    """anyOf the calls `call(name, parameters)` builds for `tools` (and the `extra` options), each
-    tool's parameters embedded with their definitions."""
+def _calls_schema(
+    tools: list[Tool],
+    call: Callable[[str, dict], dict],
+    extra: list[dict],
+    answer: dict | None = None,
+    wrap: Callable[[dict], dict] = lambda schema: schema,
+) -> dict:
+    """anyOf the calls `call(name, parameters)` builds for `tools` (and the `extra` options, and
+    the `answer` schema as `wrap` wraps it), each schema embedded with its definitions."""
     defs: dict = {}
-    options = [call(tool.name, _embedded(tool.parameters, f"tool{i}", defs)) for i, tool in enumerate(tools)]
+    options = [call(tool.name, _embedded(tool.held_to, f"tool{i}", defs)) for i, tool in enumerate(tools)]
+    if answer is not None:
+        options.append(wrap(_embedded(answer, "answer", defs)))
     schema: dict = {"anyOf": options + extra}
     if defs:
         schema["$defs"] = defs
@@ -161,12 +176,29 @@ class ToolFormat(ABC):
         """The conversation as the template gets it (tools described, calls and results written)."""
 
     @abstractmethod
-    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
-        """What the reply is held to (None: free text, calls read out of it)."""
+    def grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
+        """What the reply is held to (None: free text, calls read out of it). `answer`: the
+        schema of a reply that calls nothing (response_format beside tools), when there is one."""
 
     @abstractmethod
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         """The reply's content (None when it is only calls) and its calls."""
+
+    def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        """A reply cut short (max_tokens): what a client can read of it, as OpenAI returns a cut
+        call (the name, and the arguments' JSON text as far as it got). Default: the text."""
+        return self.parse(text, tools)
+
+
+_CUT_CALL = re.compile(r'\s*\{"name": "((?:[^"\\]|\\.)*)"(?:, "(?:arguments|parameters)": )?(.*)', re.DOTALL)
+
+
+def _cut_call(text: str) -> list[ToolCall]:
+    """The call a cut `{"name": ..., "arguments": ...` begins; none before its name is whole."""
+    match = _CUT_CALL.match(text)
+    if match is None:
+        return []
+    return [ToolCall(new_call_id(), json.loads(f'"{match[1]}"'), match[2])]
 
 
 def _only(key: str, value: dict) -> dict:
@@ -234,16 +266,18 @@ class GenericFormat(ToolFormat):
             return [{"role": "system", "content": f"{out[0]['content']}\n\n{text}"}, *out[1:]]
         return [{"role": "system", "content": text}, *out]
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
+    def grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
         if not choice.offers:
             return None
         extra = []
-        if not choice.forces_call:
+        if not choice.forces_call and answer is None:
             extra.append(_only("response", {"type": "string"}))
         schema = _calls_schema(
             choice.callable(tools),
             lambda name, parameters: _only("tool_call", _call(name, "arguments", parameters)),
             extra,
+            None if choice.forces_call else answer,
+            lambda schema: _only("response", schema),
         )
         return Grammar.json_schema(schema, strict=all(tool.strict for tool in tools), name="tools")
 
@@ -257,7 +291,39 @@ class GenericFormat(ToolFormat):
             return None, [ToolCall(new_call_id(), str(call.get("name")), _arguments_text(call.get("arguments", {})))]
         if isinstance(value, dict) and isinstance(value.get("response"), str):
             return value["response"], []
+        if isinstance(value, dict) and set(value) == {"response"}:  # an answer held to response_format
+            return json.dumps(value["response"], ensure_ascii=False), []
         return text, []
+
+    def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        stripped = text.lstrip()
+        if stripped.startswith('{"tool_call": '):
+            return None, _cut_call(stripped[len('{"tool_call": ') :])
+        if stripped.startswith('{"response": "'):
+            return _partial_string(stripped[len('{"response": "') :]), []
+        if stripped.startswith("{"):
+            return None, []  # cut before the wrapper said which: nothing a client can read
+        return self.parse(text, tools)
+
+
+def _partial_string(body: str) -> str:
+    """The text of a JSON string cut short (its opening quote gone): as much as decodes."""
+    for end in range(len(body), max(len(body) - 12, -1), -1):  # an escape cut in half: drop it
+        try:
+            return json.loads(f'"{body[:end]}"')
+        except ValueError:
+            continue
+    return body
+
+
+def _bare_call(text: str, tools: list[Tool]) -> bool:
+    """Whether `text` is one call object alone (not an answer that has a "name" field)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    names = {tool.name for tool in tools}
+    return isinstance(value, dict) and value.get("name") in names and set(value) <= {"name", "arguments"}
 
 
 def _native_messages(messages: list[Message]) -> list[Message]:
@@ -289,26 +355,45 @@ def _native_messages(messages: list[Message]) -> list[Message]:
 
 
 class HermesFormat(ToolFormat):
+    """`tag_tokens`: the ids of `<tool_call>` and `</tool_call>` where the tokenizer has them as
+    single added tokens (Qwen2.5's 151657 and 151658): the model writes that one token, never the
+    characters, so the grammar names the token (llguidance's `<[id]>`); without them, the text."""
+
     name = "hermes"
     native = True
     _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 
+    def __init__(self, tag_tokens: tuple[int, int] | None = None) -> None:
+        self.tag_tokens = tag_tokens
+
     def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
         return _native_messages(messages)
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
-        if not choice.forces_call:
+    def grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
+        if not choice.forces_call and answer is None:
             return None  # "auto": the model writes text or calls; calls are read out of it
+        strict = all(tool.strict for tool in tools)
         schema = _calls_schema(
             choice.callable(tools), lambda name, parameters: _call(name, "arguments", parameters), []
         )
-        schema = _with_layout(schema, all(tool.strict for tool in tools))
-        lark = f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(schema)}'
-        return Grammar.lark(lark, "tools")
+        schema = _with_layout(schema, strict)
+        if self.tag_tokens is not None:
+            opening, closing = (f"<[{token}]>" for token in self.tag_tokens)
+        else:
+            opening, closing = '"<tool_call>"', '"</tool_call>"'
+        calls = f'calls: {opening} "\\n" call "\\n" {closing}\ncall: %json {json.dumps(schema)}'
+        if choice.forces_call:
+            return Grammar.lark(f"start: calls\n{calls}", "tools")
+        # "auto" with response_format: a call, or the answer the format asks for
+        answer_rule = f"answer: %json {json.dumps(_with_layout(answer, strict))}"
+        return Grammar.lark(f"start: calls | answer\n{calls}\n{answer_rule}", "tools")
 
     def parse(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         calls = []
-        for block in self._BLOCK.findall(text):
+        blocks = self._BLOCK.findall(text)
+        if not blocks and _bare_call(text, tools):
+            blocks = [text.strip()]  # tags the tokenizer decodes to nothing (special tokens): the call alone
+        for block in blocks:
             try:
                 value = json.loads(block)
             except ValueError:
@@ -318,8 +403,15 @@ class HermesFormat(ToolFormat):
             calls.append(ToolCall(new_call_id(), str(value["name"]), _arguments_text(value.get("arguments", {}))))
         if not calls:
             return text, []
-        rest = self._BLOCK.sub("", text).strip()
+        rest = self._BLOCK.sub("", text).strip() if self._BLOCK.search(text) else ""
         return rest or None, calls
+
+    def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        whole, _, cut = text.rpartition("<tool_call>")
+        if not _ or "</tool_call>" in cut:
+            return self.parse(text, tools)
+        content, calls = self.parse(whole, tools) if whole.strip() else (None, [])
+        return content, calls + _cut_call(cut)
 
 
 class Llama3Format(ToolFormat):
@@ -329,11 +421,14 @@ class Llama3Format(ToolFormat):
     def prepare(self, messages: list[Message], tools: list[Tool], choice: ToolChoice) -> list[Message]:
         return _native_messages(messages)
 
-    def grammar(self, tools: list[Tool], choice: ToolChoice) -> Grammar | None:
-        if not choice.forces_call:
+    def grammar(self, tools: list[Tool], choice: ToolChoice, answer: dict | None = None) -> Grammar | None:
+        if not choice.forces_call and answer is None:
             return None
         schema = _calls_schema(
-            choice.callable(tools), lambda name, parameters: _call(name, "parameters", parameters), []
+            choice.callable(tools),
+            lambda name, parameters: _call(name, "parameters", parameters),
+            [],
+            None if choice.forces_call else answer,
         )
         return Grammar.json_schema(schema, strict=all(tool.strict for tool in tools), name="tools")
 
@@ -351,13 +446,20 @@ class Llama3Format(ToolFormat):
             return None, [ToolCall(new_call_id(), value["name"], _arguments_text(arguments))]
         return text, []
 
+    def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
+        calls = _cut_call(text)
+        return (None, calls) if calls else self.parse(text, tools)
 
-def tool_format(chat_template: str | None) -> ToolFormat:
+
+def tool_format(chat_template: str | None, added_tokens: Mapping[str, int] | None = None) -> ToolFormat:
     """The format a chat template speaks: Hermes/Qwen if it writes `<tool_call>`, Llama 3 if it
-    takes `tools` otherwise, else the generic one."""
+    takes `tools` otherwise, else the generic one. `added_tokens`: the tokenizer's added tokens
+    (text -> id), where the tool tags may be single tokens."""
     template = chat_template or ""
     if "<tool_call>" in template:
-        return HermesFormat()
+        added = added_tokens or {}
+        tags = (added.get("<tool_call>"), added.get("</tool_call>"))
+        return HermesFormat(tags if None not in tags else None)
     if re.search(r"\btools\b", template):
         return Llama3Format()
     return GenericFormat()

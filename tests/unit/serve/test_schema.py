@@ -282,3 +282,12 @@ def test_tool_calls_and_results_stay_in_the_conversation():
     assert messages[1] == {"role": "assistant", "content": "", "tool_calls": [call]}
     assert messages[2] == {"role": "tool", "content": "done", "tool_call_id": "call_1"}
     assert request.uses_tools() and not chat().uses_tools()
+
+
+def test_a_model_answers_to_its_argument_path_file_name_and_gguf_name(tmp_path):
+    from tr_cli.serve.requests import model_aliases
+
+    path = tmp_path / "qwen2.5-coder-0.5b-instruct.gguf"
+    names = model_aliases(str(path), path, "Qwen2.5 Coder 0.5B Instruct")
+    assert {str(path), path.name, "qwen2.5-coder-0.5b-instruct", "Qwen2.5 Coder 0.5B Instruct"} <= names
+    assert model_aliases("smollm2", None) == {"smollm2"}

@@ -176,3 +176,19 @@ def test_parameters_with_their_own_definitions_keep_them_inside_the_wrapper(comp
         grammar = fmt.grammar(tools, ToolChoice("required"))
         assert follows(compiler, grammar, text), fmt.name
         assert not follows(compiler, grammar, text.replace('{"x": 1}', '{"y": 1}')), fmt.name
+
+
+def test_a_call_cut_by_max_tokens_reads_as_the_call_so_far_never_the_wrapper():
+    generic = GenericFormat()
+    content, (call,) = generic.parse_cut('{"tool_call": {"name": "get_weather", "arguments": {"city": "Par', TOOLS)
+    assert content is None and call.name == "get_weather" and call.arguments == '{"city": "Par'
+    assert generic.parse_cut('{"tool_call": {"name": "get_wea', TOOLS) == (None, [])
+    assert generic.parse_cut('{"tool_', TOOLS) == (None, [])
+    assert generic.parse_cut('{"response": "It is sunny \\u00', TOOLS) == ("It is sunny ", [])
+    assert generic.parse_cut('{"response": "Line\\nnext', TOOLS) == ("Line\nnext", [])
+    hermes = HermesFormat()
+    content, (call,) = hermes.parse_cut('<tool_call>\n{"name": "get_time", "arguments": {', TOOLS)
+    assert content is None and (call.name, call.arguments) == ("get_time", "{")
+    assert hermes.parse_cut("Just text", TOOLS) == ("Just text", [])
+    (call,) = Llama3Format().parse_cut('{"name": "get_time", "parameters": {"x', TOOLS)[1]
+    assert (call.name, call.arguments) == ("get_time", '{"x')
