@@ -195,6 +195,8 @@ def _parse(raw: bytes, model_class: type[ChatCompletionRequest] | type[Completio
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
     except RecursionError:  # the decoder recurses once per level: "[" * 100000 exhausts the stack
         raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer literal past Python's digit limit (sys.get_int_max_str_digits)
+        raise ApiError(400, f"the body is not valid JSON: {str(exc).split(';')[0]}") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
     try:

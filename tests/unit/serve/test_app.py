@@ -53,6 +53,14 @@ def test_json_nested_past_the_recursion_limit_is_a_bad_request_logged_in_one_lin
     assert " 400 " in caplog.records[0].getMessage()
 
 
+@pytest.mark.parametrize("where", ["ignored", "max_tokens"])
+def test_an_integer_past_pythons_digit_limit_is_a_bad_request(client, where):
+    # Python refuses to convert an integer literal of more than 4,300 digits (sys.int_info).
+    huge = b"9" * 5000
+    error = bad_request(post(client, GOOD + b', "' + where.encode() + b'": ' + huge + b"}"))
+    assert "JSON" in error["message"] and "4300 digits" in error["message"], error["message"]
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 @pytest.mark.parametrize(
     "field",
