@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 from ..errors import SettingError, UserError
+from ..text.input_text import UnreadableText, read_text_file
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 PLOT_EXTRA = "pip install 'tr-cli[plot]'"
@@ -46,11 +47,11 @@ def has_matplotlib() -> bool:
 def read_reports(path: Path) -> list[dict]:
     """The passes of a `tr bench --format json` report (one report, or {"passes": [...]})."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file; give a report written by tr bench --format json") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot be read ({exc})") from None
+        data = json.loads(read_text_file(path))
+    except UnreadableText as exc:
+        raise UserError(f"{exc}; give a report written by tr bench --format json") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to read; give a tr bench --format json report") from None
     except json.JSONDecodeError as exc:
         raise UserError(
             f"{path}: line {exc.lineno}: not JSON ({exc.msg}); give a tr bench --format json report"
