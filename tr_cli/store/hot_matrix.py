@@ -30,6 +30,7 @@ from .matrix_file import (
     MatrixFile,
     MatrixMeta,
     check_compatible,
+    check_width,
     default_path,
     read_matrix,
     tokenizer_fingerprint,
@@ -98,6 +99,7 @@ class HotMatrix:
         default path; at the default path with no file yet, the starter files in `seeds` (default:
         those shipped with tr) when there are some; with `cold`, empty ones. A file it cannot use
         is a FixableError (remedies.py) left as it is."""
+        check_width(vocab_size, k)
         fingerprint = tokenizer_fingerprint(tokenizer)
         explicit = path is not None
         path = Path(path) if explicit else default_path(fingerprint, vocab_size, k)
