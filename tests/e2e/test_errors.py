@@ -154,3 +154,20 @@ def test_a_vocabulary_smaller_than_k_names_k(home, three_tokens, command):
     assert out.exit_code == 1, out.output
     last = out.output.strip().splitlines()[-1]
     assert last == "tr: error: --k 8: more candidates per matrix row than the model has tokens (3); pass --k 3 or less"
+
+
+def test_a_checkpoint_directory_without_a_tokenizer_says_so(home, tmp_path, tiny_llama_dir):
+    """A directory holding only config.json was "Couldn't instantiate the backend tokenizer from one of: )"."""
+    from typer.testing import CliRunner
+
+    from tr_cli.cli import app
+
+    (tmp_path / "config.json").write_bytes((tiny_llama_dir / "config.json").read_bytes())
+    for args in (["generate", str(tmp_path), "-p", "hi"], ["matrix", "inspect", str(tmp_path)]):
+        out = CliRunner().invoke(app, args)
+        assert out.exit_code == 1, out.output
+        assert out.output.strip().splitlines()[-1] == (
+            f"tr: error: model {tmp_path}: the directory has no tokenizer (none of tokenizer.json, "
+            "tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt); save the model's tokenizer beside "
+            "its config.json, or pass the model's .gguf"
+        )
