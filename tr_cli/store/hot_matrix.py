@@ -149,8 +149,9 @@ class HotMatrix:
         if self.state == "hot":
             text = f"hot matrix ({self.meta.update_count:,} row updates, last {iso(self.meta.updated_us)}) {self.path}"
         elif self.state == "seeded":
-            where = f"saved as yours to {self.path}" if self.save_enabled else "not saved"
-            text = f"starter matrix shipped with tr ({self.meta.update_count:,} row updates), {where}"
+            # Nothing is written yet: the save at exit may still fail (a full disk), so no "saved".
+            where = f"; what this run learns is saved to {self.path}" if self.save_enabled else ", not saved"
+            text = f"starter matrix shipped with tr ({self.meta.update_count:,} row updates){where}"
         elif self.state == "cold":
             text = "cold matrix (--cold: started empty)" + ("" if self.save_enabled else ", not saved")
         else:
