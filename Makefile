@@ -66,7 +66,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# Regenerate tr_cli/cli/completions/ and tr_cli/cli_names.py from the Typer app (after adding a command).
+# Regenerate completions/ and tr_cli/cli_names.py from the Typer app (after adding a command).
 completions: $(STAMP)
 	$(BIN)/python scripts/generate_completions.py
 

@@ -1,5 +1,6 @@
 """Check an installed tr (a wheel in a fresh virtual environment: `make test-wheel`) the way a new
-user meets it: its files are inside the package, `tr --version` names it, `tr generate` decodes
+user meets it: its files are inside the package, the shell completions where shells look under the
+environment's prefix (share/bash-completion, share/zsh, share/fish), `tr --version` names it, `tr generate` decodes
 with the packaged model from a home that has never seen tr, and `tr matrix inspect` shows the
 matrix that run saved.
 
@@ -13,6 +14,7 @@ Exits 1 with the first failed check; prints one line per check.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def tracked_data_files() -> set[str]:
     """The files besides Python modules that the repository keeps under tr_cli/ (the starter
-    matrices, sample prompts, kernel sources, completions): all of them must ship."""
+    matrices, sample prompts, kernel sources): all of them must ship."""
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "tr_cli"], capture_output=True, text=True, check=True)
     names = {line.removeprefix("tr_cli/") for line in listed.stdout.splitlines()}
     return {name for name in names if not name.endswith(".py")}
@@ -33,6 +35,21 @@ def tracked_data_files() -> set[str]:
 
 class CheckFailed(Exception):
     pass
+
+
+def completion_files() -> dict[Path, Path]:
+    """Each completion script of the repository (completions/, their source) -> where the wheel
+    installs it under the environment's prefix (scripts/generate_completions.py's INSTALLED_DIRS)."""
+    spec = importlib.util.spec_from_file_location("generate_completions", REPO / "scripts" / "generate_completions.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    prefix = Path(sys.prefix)
+    return {
+        REPO / generator.completion_path(prog, shell): prefix / generator.INSTALLED_DIRS[shell] / name
+        for prog in generator.PROGRAMS
+        for shell in generator.SHELLS
+        for name in [generator.completion_name(prog, shell)]
+    }
 
 
 def check(condition: bool, what: str) -> None:
@@ -63,6 +80,11 @@ def main() -> None:
     extra = shipped - wanted
     check(not extra, f"in the installed package but not in the repository: {', '.join(sorted(extra))}")
     print(f"data files: the {len(wanted)} the repository keeps under tr_cli/, no others")
+    completions = completion_files()
+    for source, installed in completions.items():
+        check(installed.is_file(), f"{installed}: not installed (the wheel's data files: {source.relative_to(REPO)})")
+        check(installed.read_bytes() == source.read_bytes(), f"{installed} differs from {source.relative_to(REPO)}")
+    print(f"completions: {len(completions)} scripts under {Path(sys.prefix) / 'share'}, as in completions/")
 
     tr = Path(sys.executable).parent / "tr"
     check(tr.is_file(), f"no tr script beside {sys.executable}")

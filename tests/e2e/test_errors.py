@@ -94,3 +94,80 @@ def test_chat_command_error_in_piped_mode(home, tmp_path, tiny_llama_dir):
     (rejecting / "chat_template.jinja").write_text("{{ raise_exception('this template takes no messages') }}")
     out = tr("chat", str(rejecting), "--dtype", "float32", "-n", "4", home=home, stdin="Hello\n")
     assert_one_line(out, "the chat template rejects this conversation", "takes no messages")
+
+
+def three_token_gguf(path: Path) -> Path:
+    """A one-layer Llama GGUF whose vocabulary is "a", "b" and "ab": fewer tokens than the 8
+    candidates a matrix row keeps by default."""
+    import gguf
+    import numpy as np
+
+    hidden, ffn, heads = 16, 32, 2
+    rng = np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("three")
+    for add, value in [
+        (writer.add_context_length, 64),
+        (writer.add_embedding_length, hidden),
+        (writer.add_block_count, 1),
+        (writer.add_feed_forward_length, ffn),
+        (writer.add_head_count, heads),
+        (writer.add_head_count_kv, heads),
+        (writer.add_rope_dimension_count, hidden // heads),
+    ]:
+        add(value)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "ab"])
+    writer.add_token_merges(["a b"])
+    writer.add_token_types([1, 1, 3])
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(2)
+    shapes = {"token_embd": (3, hidden), "attn_q": (hidden, hidden), "attn_k": (hidden, hidden)}
+    shapes |= {"attn_v": (hidden, hidden), "attn_output": (hidden, hidden), "ffn_gate": (ffn, hidden)}
+    shapes |= {"ffn_up": (ffn, hidden), "ffn_down": (hidden, ffn)}
+    for name, shape in shapes.items():
+        full = name if name == "token_embd" else f"blk.0.{name}"
+        writer.add_tensor(f"{full}.weight", (rng.standard_normal(shape) * 0.02).astype(np.float32))
+    for name in ("output_norm", "blk.0.attn_norm", "blk.0.ffn_norm"):
+        writer.add_tensor(f"{name}.weight", np.ones(hidden, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def three_tokens(tmp_path_factory) -> str:
+    return str(three_token_gguf(tmp_path_factory.mktemp("three") / "three.gguf"))
+
+
+@pytest.mark.parametrize("command", [["generate", "MODEL", "-p", "ab", "-n", "2"], ["matrix", "init", "MODEL"]])
+def test_a_vocabulary_smaller_than_k_names_k(home, three_tokens, command):
+    """It was `unexpected RuntimeError: selected index k out of range` from torch.topk."""
+    from typer.testing import CliRunner
+
+    from tr_cli.cli import app
+
+    out = CliRunner().invoke(app, [three_tokens if word == "MODEL" else word for word in command])
+    assert out.exit_code == 1, out.output
+    last = out.output.strip().splitlines()[-1]
+    assert last == "tr: error: --k 8: more candidates per matrix row than the model has tokens (3); pass --k 3 or less"
+
+
+def test_a_checkpoint_directory_without_a_tokenizer_says_so(home, tmp_path, tiny_llama_dir):
+    """A directory holding only config.json was "Couldn't instantiate the backend tokenizer from one of: )"."""
+    from typer.testing import CliRunner
+
+    from tr_cli.cli import app
+
+    (tmp_path / "config.json").write_bytes((tiny_llama_dir / "config.json").read_bytes())
+    for args in (["generate", str(tmp_path), "-p", "hi"], ["matrix", "inspect", str(tmp_path)]):
+        out = CliRunner().invoke(app, args)
+        assert out.exit_code == 1, out.output
+        assert out.output.strip().splitlines()[-1] == (
+            f"tr: error: model {tmp_path}: the directory has no tokenizer (none of tokenizer.json, "
+            "tokenizer_config.json, tokenizer.model, vocab.json, vocab.txt); save the model's tokenizer beside "
+            "its config.json, or pass the model's .gguf"
+        )

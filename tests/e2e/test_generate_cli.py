@@ -235,6 +235,13 @@ def test_prompt_from_stdin(smollm2_checkpoint):
     assert "Say hello." in out.stderr and out.stdout.strip()
 
 
+def test_the_model_as_an_option(smollm2_checkpoint):
+    """-m/--model, as other tools take it (it was "No such option: -m")."""
+    out = run("generate", "-m", "smollm2", "--dtype", "float32", "-n", "4", "-p", "hi")
+    assert out.returncode == 0, out.stderr
+    assert "smollm2" in out.stderr.splitlines()[0] and out.stdout.strip()
+
+
 def test_error_text_is_not_read_as_markup():
     from typer.testing import CliRunner
 

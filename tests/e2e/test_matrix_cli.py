@@ -1,6 +1,11 @@
 """`tr matrix init | inspect | export | import | list` as a user runs them (CliRunner, real files)."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -175,3 +180,35 @@ def test_inspect_file_and_missing_matrix(home, tiny_llama_dir, tmp_path):
     out = tr("matrix", "inspect", str(f), "--token", "hi", "--model", str(tiny_llama_dir))
     assert out.exit_code == 1 and "matrix belongs to another tokenizer (fingerprint x, model y)" in out.output
     assert "; pass the model it was built for as --model" in out.output
+
+
+def _read_only_mounts() -> bool:
+    """Whether this machine lets an unprivileged user namespace bind-mount a folder read-only (the
+    one way to make a read-only home that root cannot write to)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _read_only_mounts(), reason="needs unshare -rm for a read-only bind mount")
+def test_import_into_a_read_only_home_is_one_line_and_changes_nothing(home, tiny_llama_dir, tmp_path):
+    model = str(tiny_llama_dir)
+    assert tr("matrix", "init", model).exit_code == 0
+    path = stored(home)
+    exported = tmp_path / "moved.safetensors"
+    assert tr("matrix", "export", model, str(exported)).exit_code == 0
+    before = sorted((p.name, p.read_bytes()) for p in path.parent.iterdir())
+    env = {**os.environ, "TR_HOME": str(home), "HF_HUB_OFFLINE": "1", "NO_COLOR": "1", "COLUMNS": "200"}
+    command = f'mount --bind -o ro "{home}" "{home}" && exec "$0" matrix import "$1" "$2"'
+    out = subprocess.run(
+        ["unshare", "-rm", "sh", "-c", command, str(Path(sys.executable).parent / "tr"), model, str(exported)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 1 and len(lines) == 1, out.stderr
+    assert "cannot make its lock file" in lines[0] and "Read-only file system" in lines[0], lines[0]
+    assert sorted((p.name, p.read_bytes()) for p in path.parent.iterdir()) == before

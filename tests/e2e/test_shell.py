@@ -193,7 +193,7 @@ def load_generator():
 
 
 def test_generated_files_are_fresh(tmp_path):
-    """tr_cli/cli/completions/* and tr_cli/cli_names.py are what the generator makes from the app today."""
+    """completions/* and tr_cli/cli_names.py are what the generator makes from the app today."""
     generator = load_generator()
     files = generator.build()
     generator.write(files, tmp_path)
@@ -202,24 +202,42 @@ def test_generated_files_are_fresh(tmp_path):
         assert (ROOT / rel).is_file(), f"{rel} missing; run: .venv/bin/python scripts/generate_completions.py"
         assert (ROOT / rel).read_text() == (tmp_path / rel).read_text(), f"{rel} {fix}"
     shipped = ROOT / generator.COMPLETIONS_DIR
-    extra = {f"{generator.COMPLETIONS_DIR}/{p.name}" for p in shipped.iterdir()} - set(files)
+    extra = {str(p.relative_to(ROOT)) for p in shipped.rglob("*") if p.is_file()} - set(files)
     assert not extra, f"not generated any more: {sorted(extra)}"
     assert set(files) >= {
-        "tr_cli/cli/completions/tr.bash",
-        "tr_cli/cli/completions/_tr",
-        "tr_cli/cli/completions/tr.fish",
-        "tr_cli/cli/completions/token-recycling.bash",
+        "completions/bash/tr",
+        "completions/zsh/_tr",
+        "completions/fish/tr.fish",
+        "completions/bash/token-recycling",
     }
+    assert not (ROOT / "tr_cli" / "cli" / "completions").exists()  # one source: the top-level folder
+
+
+def test_the_wheel_installs_every_completion_where_its_shell_looks():
+    """pyproject.toml's data files put each generated script under the prefix's share/ folder its
+    shell searches (bash-completion, zsh's site-functions, fish's vendor_completions.d), by the
+    name the shell looks for (scripts/check_installed.py checks an installed wheel has them)."""
+    tomllib = pytest.importorskip("tomllib")
+    generator = load_generator()
+    data_files = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["data-files"]
+    expected: dict[str, set[str]] = {}
+    for prog in generator.PROGRAMS:
+        for shell in generator.SHELLS:
+            expected.setdefault(generator.INSTALLED_DIRS[shell], set()).add(generator.completion_path(prog, shell))
+    assert {folder: set(files) for folder, files in data_files.items()} == expected
+    assert expected["share/bash-completion/completions"] >= {"completions/bash/tr"}
+    assert expected["share/zsh/site-functions"] >= {"completions/zsh/_tr"}
+    assert expected["share/fish/vendor_completions.d"] >= {"completions/fish/tr.fish"}
 
 
 def test_install_completion_still_works(tmp_path):
-    """`tr --install-completion bash` writes what tr_cli/cli/completions/tr.bash holds (less its header)."""
+    """`tr --install-completion bash` writes what completions/bash/tr holds (less its header)."""
     result = run_ours(
         "--install-completion", "bash", env={"HOME": str(tmp_path), "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
     )
     assert result.returncode == 0, result.stderr
     installed = (tmp_path / ".bash_completions" / "tr.sh").read_text()
-    shipped = (ROOT / "tr_cli" / "cli" / "completions" / "tr.bash").read_text()
+    shipped = (ROOT / "completions" / "bash" / "tr").read_text()
     assert (
         installed.strip()
         == "\n".join(line for line in shipped.splitlines() if not line.startswith("# Generated")).strip()
@@ -247,9 +265,9 @@ def test_subcommand_completes_through_typer_env_var():
 
 
 def test_shipped_bash_script_completes(tmp_path):
-    """Source tr_cli/cli/completions/tr.bash in a real bash and press <TAB> after `tr gen` and `tr generate sm`."""
+    """Source completions/bash/tr in a real bash and press <TAB> after `tr gen` and `tr generate sm`."""
     script = (
-        f"source {ROOT / 'tr_cli' / 'cli' / 'completions' / 'tr.bash'}; "
+        f"source {ROOT / 'completions' / 'bash' / 'tr'}; "
         'COMP_WORDS=(tr gen); COMP_CWORD=1; _tr_completion tr; printf "%s\\n" "${COMPREPLY[@]}"; '
         'COMP_WORDS=(tr generate sm); COMP_CWORD=2; _tr_completion tr; printf "%s\\n" "${COMPREPLY[@]}"'
     )
@@ -262,7 +280,7 @@ def test_shipped_bash_script_completes(tmp_path):
 
 @pytest.mark.skipif(shutil.which("fish") is None, reason="fish is not installed")
 def test_shipped_fish_script_completes(tmp_path):
-    script = f'source {ROOT / "tr_cli" / "cli" / "completions" / "tr.fish"}; complete -C "tr gen"'
+    script = f'source {ROOT / "completions" / "fish" / "tr.fish"}; complete -C "tr gen"'
     result = subprocess.run(
         ["fish", "--no-config", "-c", script], capture_output=True, text=True, env=ENV, cwd=tmp_path, timeout=600
     )

@@ -18,6 +18,8 @@ import textwrap
 from pathlib import Path
 
 from ..errors import SettingError, UserError
+from ..text.input_text import UnreadableText, read_text_file
+from .report import ReportProblem, check_report, target_problem
 
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 PLOT_EXTRA = "pip install 'tr-cli[plot]'"
@@ -30,11 +32,12 @@ _MOST_TOKENS = 8  # the last bucket of panel 2 holds steps of this many tokens o
 
 def check_plot_target(path: Path) -> None:
     """Refuse, before any bench runs, a figure that cannot be written: no matplotlib, an
-    unknown file type, a missing directory."""
+    unknown file type, a missing or read-only directory."""
     if path.suffix.lower() not in PLOT_SUFFIXES:
         raise SettingError("plot", path, f"name a {', '.join(PLOT_SUFFIXES)} file")
-    if not path.parent.is_dir():
-        raise SettingError("plot", path, f"directory {path.parent} does not exist")
+    problem = target_problem(path)
+    if problem is not None:
+        raise SettingError("plot", path, problem)
     if not has_matplotlib():
         raise SettingError("plot", path, f"needs matplotlib, the optional extra: {PLOT_EXTRA}")
 
@@ -46,23 +49,27 @@ def has_matplotlib() -> bool:
 def read_reports(path: Path) -> list[dict]:
     """The passes of a `tr bench --format json` report (one report, or {"passes": [...]})."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file; give a report written by tr bench --format json") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: cannot be read ({exc})") from None
+        data = json.loads(read_text_file(path))
+    except UnreadableText as exc:
+        raise UserError(f"{exc}; give a report written by tr bench --format json") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to read; give a tr bench --format json report") from None
     except json.JSONDecodeError as exc:
         raise UserError(
             f"{path}: line {exc.lineno}: not JSON ({exc.msg}); give a tr bench --format json report"
         ) from None
-    reports = data.get("passes") if isinstance(data, dict) and "passes" in data else [data]
-    for number, report in enumerate(reports if isinstance(reports, list) else [None], start=1):
-        if not isinstance(report, dict) or not {"environment", "methods", "categories", "prompts"} <= set(report):
-            where = f"pass {number}" if isinstance(data, dict) and "passes" in data else "the report"
-            raise UserError(
-                f"{path}: {where} lacks environment, methods, categories or prompts; "
-                "give a report written by tr bench --format json"
-            )
+    except ValueError as exc:  # an integer literal past Python's digit limit
+        raise UserError(f"{path}: not JSON ({str(exc).split(';')[0]}); give a tr bench --format json report") from None
+    passes = isinstance(data, dict) and "passes" in data
+    reports = data["passes"] if passes else [data]
+    if passes and (not isinstance(reports, list) or not reports):
+        raise UserError(f'{path}: "passes" is not a list of reports; give a report written by tr bench --format json')
+    for number, report in enumerate(reports, start=1):
+        try:
+            check_report(report)
+        except ReportProblem as exc:
+            where = f"pass {number}: " if passes else ""
+            raise UserError(f"{path}: {where}{exc}; give a report written by tr bench --format json") from None
     return reports
 
 

@@ -5,10 +5,33 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import platform
+import tempfile
 from datetime import datetime, timezone
+from pathlib import Path
 
 FORMATS = ("table", "md", "csv", "json")
+
+
+def target_problem(path: Path) -> str | None:
+    """Why a report or figure cannot be written to `path`, checked before a bench runs (not after
+    it); None when it can."""
+    if path.is_dir():
+        return "is a directory; name a file"
+    if not path.parent.is_dir():
+        return f"directory {path.parent} does not exist"
+    if path.exists():
+        writable = os.access(path, os.W_OK)
+    else:  # a file made and removed: os.access says yes to root, even where nothing can be made (/proc)
+        try:
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=".tr-probe-"):
+                writable = True
+        except OSError:
+            writable = False
+    if not writable:
+        return "cannot be written here (permissions or a read-only file system)"
+    return None
 
 
 def environment(**fields) -> dict:
@@ -27,6 +50,117 @@ def environment(**fields) -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **fields,
     }
+
+
+_NUMBER = "a number"
+_COUNT = "a whole number"
+# What printing and plotting a report read, field by field: (field, kind, may be null).
+_METHOD_FIELDS = (
+    ("tokens_per_second", _NUMBER, False),
+    ("mean_accepted_tokens", _NUMBER, False),
+    ("speedup", _NUMBER, True),
+    ("prompts", _COUNT, False),
+    ("identical_to_baseline", _COUNT, True),
+)
+_OPTIONAL_METHOD_FIELDS = (
+    ("decode_speedup", _NUMBER),
+    ("speedup_vs_ar", _NUMBER),
+    ("new_tokens", _NUMBER),
+    ("wall_seconds", _NUMBER),
+)
+_CATEGORY_FIELDS = (
+    ("tokens_per_second", _NUMBER, False),
+    ("mean_accepted_tokens", _NUMBER, False),
+    ("speedup", _NUMBER, True),
+)
+
+
+class ReportProblem(ValueError):
+    """A report (read back with --from-report) that tables and plots cannot be drawn from: the
+    message names the field (e.g. methods.tr.tokens_per_second) and what it should be."""
+
+
+def check_report(report: object) -> None:
+    """Refuse, as one ReportProblem, a report whose shape or values the renderings and the plot
+    cannot use, before any of it is printed: every field they read, checked for its type."""
+    report = _mapping(report, "the report", ("environment", "methods", "categories", "prompts"))
+    _mapping(report["environment"], "environment")
+    methods = _mapping(report["methods"], "methods")
+    if not methods:
+        raise ReportProblem("methods: empty; a report has at least one method")
+    for name, method in methods.items():
+        where = f"methods.{name}"
+        method = _mapping(method, where)
+        for field, kind, nullable in _METHOD_FIELDS:
+            _value(method, field, kind, where, nullable=nullable, required=True)
+        for field, kind in _OPTIONAL_METHOD_FIELDS:
+            _value(method, field, kind, where, nullable=True, required=False)
+        if method.get("step_split") is not None:
+            _value(_mapping(method["step_split"], f"{where}.step_split"), "outside_forward", _NUMBER, where)
+        for field in ("drafted_tokens", "tokens_per_step"):
+            counts = _mapping(method.get(field) or {}, f"{where}.{field}")
+            for key in counts:
+                _value(counts, key, _NUMBER, f"{where}.{field}", nullable=False)
+                if field == "tokens_per_step" and not key.isdigit():
+                    raise ReportProblem(f"{where}.tokens_per_step: {key!r} is not a count of tokens (1, 2, ...)")
+        if method.get("distribution_check") is not None:
+            check = _mapping(method["distribution_check"], f"{where}.distribution_check")
+            _value(check, "z", _NUMBER, f"{where}.distribution_check")
+            _value(check, "outside_support", _COUNT, f"{where}.distribution_check")
+    for category, by_method in _mapping(report["categories"], "categories").items():
+        by_method = _mapping(by_method, f"categories.{category}", tuple(methods))
+        for name in methods:
+            entry = _mapping(by_method[name], f"categories.{category}.{name}")
+            for field, kind, nullable in _CATEGORY_FIELDS:
+                _value(entry, field, kind, f"categories.{category}.{name}", nullable=nullable, required=True)
+    if not isinstance(report["prompts"], list):
+        raise ReportProblem(f"prompts: expected a list, got {_kind(report['prompts'])}")
+    for number, entry in enumerate(report["prompts"], start=1):
+        where = f"prompts[{number}]"
+        entry = _mapping(entry, where, ("id",))
+        if not isinstance(entry["id"], (str, int)) or isinstance(entry["id"], bool):
+            raise ReportProblem(f"{where}.id: expected text, got {_kind(entry['id'])}")
+        for name in methods:
+            if entry.get(name) is not None:
+                run = _mapping(entry[name], f"{where}.{name}")
+                for field in ("new_tokens", "wall_seconds"):
+                    _value(run, field, _NUMBER, f"{where}.{name}")
+    variants = report["environment"].get("variant_loads")
+    if variants is not None:
+        for suffix, load in _mapping(variants, "environment.variant_loads").items():
+            _mapping(load, f"environment.variant_loads.{suffix}", ("weights", "dtype", "second_load"))
+
+
+def _mapping(value: object, where: str, keys: tuple[str, ...] = ()) -> dict:
+    if not isinstance(value, dict):
+        raise ReportProblem(f"{where}: expected a JSON object, got {_kind(value)}")
+    missing = [key for key in keys if key not in value]
+    if missing:
+        raise ReportProblem(f"{where}: lacks {', '.join(missing)}")
+    return value
+
+
+def _value(entry: dict, field: str, kind: str, where: str, nullable: bool = True, required: bool = False) -> None:
+    if field not in entry:
+        if required:
+            raise ReportProblem(f"{where}: lacks {field}")
+        return
+    value = entry[field]
+    if value is None:
+        if not nullable:
+            raise ReportProblem(f"{where}.{field}: expected {kind}, got null")
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (kind == _COUNT and not isinstance(value, int)):
+        raise ReportProblem(f"{where}.{field}: expected {kind}, got {_kind(value)}")
+
+
+def _kind(value: object) -> str:
+    names = {bool: "true/false", str: "text", list: "a list", dict: "a JSON object", float: "a fraction"}
+    if value is None:
+        return "null"
+    shown = f" ({value[:40]!r})" if isinstance(value, str) else ""
+    return names.get(type(value), type(value).__name__) + shown
 
 
 def _fmt(value, digits: int = 2, suffix: str = "") -> str:
@@ -75,7 +209,7 @@ def rows(report: dict) -> tuple[list[str], list[list[str]]]:
         extra += [_fmt(m.get("speedup_vs_ar"), 2, "×")] if with_ar else []
         if with_grammar:
             drafted = m.get("drafted_tokens")
-            share = drafted.get("grammar", 0) / m["new_tokens"] if drafted is not None and m["new_tokens"] else None
+            share = drafted.get("grammar", 0) / m["new_tokens"] if drafted is not None and m.get("new_tokens") else None
             extra.append(_fmt(None if share is None else 100 * share, 1, "%"))
         cells = [_fmt(report["categories"][c][name]["speedup"], 2, "×") for c in categories]
         if sampled(report):

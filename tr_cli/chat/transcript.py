@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..text.input_text import UnreadableText, read_text_file
 from .errors import CommandError
 
 SAVE_FORMAT = "tr-chat"
@@ -57,8 +58,10 @@ def write_transcript(path: str | Path, system: str | None, messages: list[dict],
 def read_transcript(path: str | Path) -> tuple[str | None, list[dict]]:
     source = Path(path).expanduser()
     try:
-        return conversation_from_json(json.loads(source.read_text(encoding="utf-8")))
-    except OSError as exc:
-        raise CommandError(f"cannot read {source}: {exc.strerror or exc}") from None
+        return conversation_from_json(json.loads(read_text_file(source)))
+    except UnreadableText as exc:  # missing, a folder, not UTF-8, or longer than tr reads (/dev/zero)
+        raise CommandError(f"cannot read {source}: {exc.reason}") from None
+    except RecursionError:
+        raise CommandError(f"{source}: not a saved conversation (nested too deeply)") from None
     except ValueError as exc:  # JSONDecodeError included
         raise CommandError(f"{source}: not a saved conversation ({exc})") from None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..bench.plot import check_plot_target, read_reports
-from ..bench.report import FORMATS
+from ..bench.report import FORMATS, target_problem
 from ..engine.options import DecodingOptions
 from ..errors import UserError, first_line
 from ..text.conversation import ConversationEncoder
@@ -225,13 +224,9 @@ def _check_output(output: Path | None) -> None:
     """Refuse an --output the report cannot be written to before the run, not after it."""
     if output is None:
         return
-    if output.is_dir():
-        raise UserError(f"--output {output}: is a directory; name a file to write the report to")
-    if not output.parent.is_dir():
-        raise UserError(f"--output {output}: directory {output.parent} does not exist")
-    writable = os.access(output, os.W_OK) if output.exists() else os.access(output.parent, os.W_OK)
-    if not writable:
-        raise UserError(f"--output {output}: cannot be written here (permissions or a read-only file system)")
+    problem = target_problem(output)
+    if problem is not None:
+        raise UserError(f"--output {output}: {problem}")
 
 
 def _fit_context(

@@ -16,7 +16,9 @@ from collections.abc import Callable
 from rich.box import ROUNDED
 from rich.cells import cell_len, get_character_cell_size
 from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.control import Control
 from rich.live import Live
+from rich.live_render import LiveRender
 from rich.panel import Panel
 from rich.segment import Segment
 from rich.text import Text
@@ -248,6 +250,52 @@ def split_at_width(text: str, width: int) -> int:
     return space + 1 if space > 0 else max(cut, 1)
 
 
+class _ReflowingRender(LiveRender):
+    """Rich's live region, erased whole after the terminal narrowed. A terminal that reflows on
+    resize (tmux, VTE, iTerm2, kitty, Windows Terminal) re-wraps each drawn line into more rows;
+    Rich moves up only as many rows as it drew, so every narrowing left the top of the old panel
+    in the scrollback. Here each drawn line's width is kept, and the rows to erase are counted at
+    the terminal's width now. (A terminal that does not reflow, as xterm, loses as many rows of
+    earlier output from the screen instead, only when it narrows mid-reply.)"""
+
+    def __init__(self, console: Console, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._console = console
+        self._widths: list[int] = []
+        self._drawn_width = 0
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        segments = list(super().__rich_console__(console, options))
+        self._widths = [Segment.get_line_length(line) for line in Segment.split_lines(segments)]
+        self._drawn_width = options.max_width
+        yield from segments
+
+    def rows_now(self) -> int:
+        """The rows the last render takes on the terminal as wide as it is now."""
+        if self._shape is None:
+            return 0
+        width = self._console.width
+        if width >= self._drawn_width or width < 1:
+            return self._shape[1]
+        return sum(max(1, -(-line // width)) for line in self._widths)
+
+    def position_cursor(self) -> Control:
+        return self._erasing(super().position_cursor)
+
+    def restore_cursor(self) -> Control:
+        return self._erasing(super().restore_cursor)
+
+    def _erasing(self, controls) -> Control:
+        if self._shape is None:
+            return controls()
+        shape = self._shape
+        self._shape = (shape[0], self.rows_now())
+        try:
+            return controls()
+        finally:
+            self._shape = shape
+
+
 class LiveView:
     """Streamed text above a small panel for the latest step, redrawn by a background thread.
 
@@ -330,6 +378,10 @@ class LiveView:
             redirect_stdout=False,
             redirect_stderr=False,
             vertical_overflow="crop",
+        )
+        # Rich's own region object, replaced before the first draw (Live has no hook for it).
+        self._live._live_render = _ReflowingRender(
+            self.console, self._live._live_render.renderable, vertical_overflow="crop"
         )
         self._live.start()
         self._thread = threading.Thread(target=self._run, name="tr-live-view", daemon=True)

@@ -44,7 +44,14 @@ InspectTarget = Annotated[
     ),
 ]
 TokenizerModel = Annotated[
-    str | None, typer.Option("--model", help="Model whose tokenizer decodes --token when TARGET is a file.")
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        help="The model whose stored matrix to show (as TARGET), or whose tokenizer decodes --token when TARGET "
+        "is a file.",
+        autocompletion=opt.complete_models,
+    ),
 ]
 Tokens = Annotated[
     list[str], typer.Option("--token", help="Show the candidates stored for this text's tokens (repeatable).")
@@ -104,6 +111,7 @@ def init(
     matrix: MatrixTarget = None,
     device: opt.Device = "auto",
     dtype: opt.Dtype = "auto",
+    model_flag: opt.ModelFlag = None,
 ) -> None:
     """Build a matrix by running the model over text (prefill; each position's top-k into its token's row),
     and its recycled store from the same text (each text block or prompt one document)."""
@@ -113,6 +121,7 @@ def init(
     from ..store.matrix_pair import check_rebuild, write_built_matrix, write_corpus_recycled_store
     from .setup import open_engine
 
+    model = opt.one_model(model, model_flag)
     texts = _read_corpus(sources)  # validated before the model loads
     options = DecodingOptions.parse(model=model, device=device, dtype=dtype, k=k)
     loaded = open_engine(options, matrix=False, decoder=False, banner=False).loaded
@@ -166,7 +175,8 @@ def inspect(
             with flag_words():
                 check_compatible(data.meta, fingerprint, vocab_size, data.meta.k, path, (Remedy.MATRIX_MODEL,))
     else:
-        tokenizer, owner = _model_matrix(target or model, k)
+        target = opt.one_model(target, model)
+        tokenizer, owner = _model_matrix(target, k)
         path = owner.default_path
         store = recycled_store_path(path)
         if path.exists():
@@ -303,12 +313,13 @@ def export(
     model_or_output: ModelAndOutput,
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT (and its store) if they exist.")] = False,
     k: opt.K = DEFAULT_K,
+    model_flag: opt.ModelFlag = None,
 ) -> None:
     """Copy a model's stored matrix to a file (to move it to another machine), and its recycled
     store beside it (OUTPUT's stem + .store.safetensors) when there is one."""
     from ..store.transfer import check_export_target, export_pair
 
-    model, output = _model_and_file(model_or_output, "OUTPUT")
+    model, output = _model_and_file(model_or_output, "OUTPUT", model_flag)
     output = Path(output)
     with flag_words():
         check_export_target(output, overwrite=force)
@@ -342,6 +353,7 @@ def import_(
         typer.Option("--force", help="Import despite a tokenizer fingerprint mismatch (vocab size and k must match)."),
     ] = False,
     k: opt.K = DEFAULT_K,
+    model_flag: opt.ModelFlag = None,
 ) -> None:
     """Bring a matrix file into the data dir, merged with (default) or replacing the stored one; its
     recycled store (INPUT's stem + .store.safetensors) comes with it when there is one."""
@@ -349,7 +361,7 @@ def import_(
 
     if replace and merge:
         raise UserError("--merge and --replace exclude each other; pick one")
-    model, source = _model_and_file(model_or_input, "INPUT")
+    model, source = _model_and_file(model_or_input, "INPUT", model_flag)
     incoming = read_import(Path(source))
     owner = _model_matrix(model, k).owner
     with flag_words():
@@ -367,11 +379,11 @@ def import_(
         )
 
 
-def _model_and_file(values: list[str], name: str) -> tuple[str | None, str]:
+def _model_and_file(values: list[str], name: str, model_flag: str | None) -> tuple[str | None, str]:
     if len(values) == 1:
-        return None, values[0]
+        return model_flag, values[0]
     if len(values) == 2:
-        return values[0], values[1]
+        return opt.one_model(values[0], model_flag), values[1]
     raise UserError(f"expected [MODEL] {name}, got {len(values)} arguments")
 
 

@@ -19,12 +19,13 @@ import typer
 from ..core.drafters.plan import SOURCES
 from ..core.matrix_width import DEFAULT_K
 from ..engine.options import DEFAULT_MAX_NEW_TOKENS, DecodingOptions
+from ..errors import UserError
 from ..models import DEFAULT_MODEL
 from ..models.weights_mode import AUTO, WEIGHTS_NAMES
 from .completion import complete_model
 
 
-def _complete_model(incomplete: str) -> list[tuple[str, str]]:
+def complete_models(incomplete: str) -> list[tuple[str, str]]:
     """Shell completion of MODEL: the packaged name, GGUF files, directories, cached hub ids."""
     return complete_model(incomplete, packaged=[DEFAULT_MODEL])
 
@@ -33,11 +34,28 @@ _MODEL_HELP = (
     f"Packaged model name ({DEFAULT_MODEL}), a .gguf file, a checkpoint directory or a cached Hugging Face id."
 )
 
-ModelArgument = Annotated[str | None, typer.Argument(help=_MODEL_HELP, autocompletion=_complete_model)]
-# For a command whose argument is something else (tr bench's PROMPTS).
+ModelArgument = Annotated[str | None, typer.Argument(help=_MODEL_HELP, autocompletion=complete_models)]
+# Every command that takes a model takes it as -m/--model too (as other tools do), beside the
+# positional MODEL where there is one; a command whose argument is something else (tr bench's
+# PROMPTS) takes the option alone.
 ModelOption = Annotated[
-    str | None, typer.Option("--model", "-m", help=_MODEL_HELP, autocompletion=_complete_model, show_default=False)
+    str | None, typer.Option("--model", "-m", help=_MODEL_HELP, autocompletion=complete_models, show_default=False)
 ]
+_SAME_AS_MODEL = "The model, as the MODEL argument (give one of the two)."
+ModelFlag = Annotated[
+    str | None,
+    typer.Option("--model", "-m", help=_SAME_AS_MODEL, autocompletion=complete_models, show_default=False),
+]
+
+
+def one_model(argument: str | None, option: str | None) -> str | None:
+    """The model a command was given, as its MODEL argument or its -m/--model option; both given
+    and different is a UserError (which one was meant?)."""
+    if argument is not None and option is not None and argument != option:
+        raise UserError(f"MODEL {argument} and --model {option}: two models; give one")
+    return argument if argument is not None else option
+
+
 K = Annotated[int, typer.Option("--k", min=1, help="Candidates kept per matrix row.")]
 Device = Annotated[str, typer.Option("--device", help="auto, cpu, cuda or mps.")]
 Dtype = Annotated[
@@ -200,23 +218,25 @@ Command = TypeVar("Command", bound=Callable[..., None])
 def decoding_options(model_as_option: bool = False) -> Callable[[Command], Command]:
     """Add the shared decoding parameters to a Typer command whose own parameters end with
     `*, options: DecodingOptions` (the shared ones follow the command's own in --help too).
-    The model is the positional MODEL argument, or with `model_as_option` --model/-m (for a
-    command whose argument is something else)."""
+    The model is the positional MODEL argument or -m/--model, or with `model_as_option` only
+    -m/--model (for a command whose argument is something else)."""
     if model_as_option:
-        model_parameter = _parameter("model", ModelOption, None)
-    else:  # positional, before the command's own parameters
-        model_parameter = inspect.Parameter(
+        before, after = [], [_parameter("model", ModelOption, None)]
+    else:  # positional, before the command's own parameters; -m/--model after them
+        argument = inspect.Parameter(
             "model", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=ModelArgument, default=None
         )
+        before, after = [argument], [_parameter("model_flag", ModelFlag, None)]
     names = ["model", *(p.name for p in DECODING_PARAMETERS)]
 
     def wrap(command: Command) -> Command:
         own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "options"]
-        before, after = ([], [model_parameter]) if model_as_option else ([model_parameter], [])
         parameters = [*before, *own, *after, *DECODING_PARAMETERS]
 
         @functools.wraps(command)
         def run(**values: object) -> None:  # Typer passes every parameter by name
+            if not model_as_option:
+                values["model"] = one_model(values["model"], values.pop("model_flag"))
             settings = {name: values.pop(name) for name in names}
             settings["save"] = not settings.pop("no_save")
             return command(options=DecodingOptions.parse(**settings), **values)

@@ -118,11 +118,22 @@ def _output_rows_of(source: ModelSource, config) -> int:
         ) from None
 
 
+# The files a tokenizer is saved as (fast, sentencepiece, BPE, WordPiece): a checkpoint directory
+# with none of them has no tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def _tokenizer_and_config(arg: str | None, cache: Path, status: Status) -> tuple[object, object, ModelSource]:
     from transformers import AutoConfig, AutoTokenizer
 
     source = resolve_model(arg)
     location = _location(source, cache, status)
+    if source.kind == "directory" and not any((source.path / name).exists() for name in _TOKENIZER_FILES):
+        # transformers' own words: "Couldn't instantiate the backend tokenizer from one of: )"
+        raise ModelError(
+            f"model {source.model_id}: the directory has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); "
+            "save the model's tokenizer beside its config.json, or pass the model's .gguf"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, local_files_only=True)
         config = AutoConfig.from_pretrained(location, local_files_only=True)

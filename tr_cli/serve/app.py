@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import json
 import logging
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -182,11 +183,20 @@ def _access_line(scope: Scope, status: int, seconds: float) -> str:
 
 
 def _validation_message(exc: ValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0]
-    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first.get("loc", ())).lstrip(".")
+    errors = exc.errors()
+    field = tuple(errors[0].get("loc", ()))[:1]
+    # A union field (tool_choice: a word or an object) fails once per member: the deepest failure
+    # is the member the value's shape chose ({"type": "function"} without a name: its `function`),
+    # not the first member tried (the words); members' tags are no part of the param.
+    first = max((e for e in errors if tuple(e.get("loc", ()))[:1] == field), key=lambda e: len(e.get("loc", ())))
+    loc = [p for p in first.get("loc", ()) if not (isinstance(p, str) and _UNION_TAG.search(p))]
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
     # JSON as Python reads it takes NaN and Infinity: say so rather than pydantic's "should be finite"
     words = f"not a finite number, got {first['input']}" if first["type"] == "finite_number" else first["msg"]
     return (f"{param}: {words}" if param else words), param or None
+
+
+_UNION_TAG = re.compile(r"^[A-Z]|[\[\]'(),]")  # pydantic's member names: a model's class, literal['auto',...]
 
 
 def _parse(raw: bytes, model_class: type[ChatCompletionRequest] | type[CompletionRequest]):
@@ -196,6 +206,8 @@ def _parse(raw: bytes, model_class: type[ChatCompletionRequest] | type[Completio
         raise ApiError(400, f"the body is not valid JSON: {exc}") from None
     except RecursionError:  # the decoder recurses once per level: "[" * 100000 exhausts the stack
         raise ApiError(400, "the body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # an integer literal past Python's digit limit (sys.get_int_max_str_digits)
+        raise ApiError(400, f"the body is not valid JSON: {str(exc).split(';')[0]}") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
     try:

@@ -71,9 +71,16 @@ def locked(
     holding it longer than `timeout` seconds (a hung tr) is a StoreError naming the lock file,
     never an endless wait; `waiting` hears once, after a second, that the wait has begun."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     lock_path = path.with_name(path.name + ".lock")
-    with open(lock_path, "a") as lock:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(lock_path, "a")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:  # a read-only home, a full disk, a folder of someone else's
+        raise StoreError(
+            f"{path}: cannot make its lock file {lock_path} ({exc.strerror or exc}); not written "
+            f"(is {path.parent} read-only or full?)"
+        ) from None
+    with lock:
         start = time.monotonic()
         told = waiting is None
         while True:

@@ -30,6 +30,7 @@ from .matrix_file import (
     MatrixFile,
     MatrixMeta,
     check_compatible,
+    check_width,
     default_path,
     read_matrix,
     tokenizer_fingerprint,
@@ -98,6 +99,7 @@ class HotMatrix:
         default path; at the default path with no file yet, the starter files in `seeds` (default:
         those shipped with tr) when there are some; with `cold`, empty ones. A file it cannot use
         is a FixableError (remedies.py) left as it is."""
+        check_width(vocab_size, k)
         fingerprint = tokenizer_fingerprint(tokenizer)
         explicit = path is not None
         path = Path(path) if explicit else default_path(fingerprint, vocab_size, k)
@@ -147,8 +149,9 @@ class HotMatrix:
         if self.state == "hot":
             text = f"hot matrix ({self.meta.update_count:,} row updates, last {iso(self.meta.updated_us)}) {self.path}"
         elif self.state == "seeded":
-            where = f"saved as yours to {self.path}" if self.save_enabled else "not saved"
-            text = f"starter matrix shipped with tr ({self.meta.update_count:,} row updates), {where}"
+            # Nothing is written yet: the save at exit may still fail (a full disk), so no "saved".
+            where = f"; what this run learns is saved to {self.path}" if self.save_enabled else ", not saved"
+            text = f"starter matrix shipped with tr ({self.meta.update_count:,} row updates){where}"
         elif self.state == "cold":
             text = "cold matrix (--cold: started empty)" + ("" if self.save_enabled else ", not saved")
         else:

@@ -18,7 +18,7 @@ import torch
 
 from .. import __version__
 from ..core.matrix import rows_filled
-from ..errors import MatrixFileError
+from ..errors import MatrixFileError, SettingError
 from .atomic import atomic_write
 from .paths import matrices_dir
 from .remedies import FixableError, Remedy
@@ -71,11 +71,23 @@ class MatrixOwner:
 
     @classmethod
     def of(cls, tokenizer, vocab_size: int, k: int, model_id: str) -> MatrixOwner:
+        check_width(vocab_size, k)
         return cls(tokenizer_fingerprint(tokenizer), vocab_size, k, model_id)
 
     @property
     def default_path(self) -> Path:
         return default_path(self.fingerprint, self.vocab_size, self.k)
+
+
+def check_width(vocab_size: int, k: int) -> None:
+    """A row keeps k distinct candidates, the top k of the model's logits: a vocabulary of fewer
+    tokens cannot fill it (torch.topk refused deep in the first forward)."""
+    if k > vocab_size:
+        raise SettingError(
+            "k",
+            k,
+            f"more candidates per matrix row than the model has tokens ({vocab_size}); pass --k {vocab_size} or less",
+        )
 
 
 @dataclass(frozen=True)

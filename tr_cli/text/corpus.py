@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .conversation import encode_prompt
+from .input_text import UnreadableText, read_text_file
 from .prompts import read_prompt_file, sample_prompts, text_blocks
 
 
@@ -35,8 +36,11 @@ def read_corpus(paths: list[Path]) -> list[CorpusText]:
         return [CorpusText(turn, True) for record in sample_prompts() for turn in record.turns]
     texts: list[CorpusText] = []
     for path in paths:
-        if not path.is_file():
+        # Not is_file(): a FIFO (`--from <(...)`) or a device is read as it comes, up to the limit.
+        if not path.exists():
             raise CorpusError(path, "no such file")
+        if path.is_dir():
+            raise CorpusError(path, "is a folder; name a text or prompt file")
         if path.suffix in (".jsonl", ".json"):
             texts.extend(CorpusText(turn, True) for record in read_prompt_file(path) for turn in record.turns)
             continue
@@ -48,9 +52,9 @@ def read_corpus(paths: list[Path]) -> list[CorpusText]:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CorpusError(path, f"cannot read it as UTF-8 text ({exc})") from None
+        return read_text_file(path)
+    except UnreadableText as exc:
+        raise CorpusError(path, exc.reason) from None
 
 
 def token_lists(tokenizer, texts: list[CorpusText]) -> list[list[int]]:

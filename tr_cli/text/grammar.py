@@ -304,7 +304,19 @@ def _validate(grammar: Grammar, tokenizer: object | None) -> None:
 
 
 def _first_line(message: str) -> str:
-    return message.strip().splitlines()[0] if message.strip() else "the grammar engine gave no reason"
+    """llguidance's message in one line, its detail kept: a bad `pattern` comes as regex-syntax's
+    report over four lines (a headline, the pattern, a caret under the fault, the error), whose
+    first line alone said only "regex parse error:"."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return "the grammar engine gave no reason"
+    if len(lines) >= 3 and lines[0].endswith(":") and lines[-1].startswith("error: "):
+        return f"{lines[0][:-1]} in {lines[1]!r}: {lines[-1].removeprefix('error: ')}"
+    joined = " ".join(lines)
+    return joined if len(joined) <= _MOST_REASON_CHARS else joined[: _MOST_REASON_CHARS - 1] + "…"
+
+
+_MOST_REASON_CHARS = 300  # a one-line error, not a page
 
 
 SCALAR_TYPES = frozenset({"null", "boolean", "integer", "number", "string"})

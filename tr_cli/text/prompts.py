@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
+from .input_text import read_text_file
 
 if TYPE_CHECKING:
     from .grammar import Grammar
@@ -72,14 +73,6 @@ def text_blocks(text: str) -> list[str]:
     return [block.strip() for block in text.replace("\r\n", "\n").split("\n\n") if block.strip()]
 
 
-def read_utf8(path: Path, what: str = "") -> str:
-    """A text file's content; one line naming the file when it cannot be read as UTF-8."""
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{what}{path}: cannot read it as UTF-8 text ({exc})") from None
-
-
 def _parse_text(text: str) -> list[PromptRecord]:
     return [PromptRecord(str(i), "default", (block,)) for i, block in enumerate(text_blocks(text), 1)]
 
@@ -90,7 +83,7 @@ def read_prompt_file(path: Path) -> list[PromptRecord]:
         raise UserError(f"{path}: no such prompt file")
     if path.is_dir():
         raise UserError(f"{path}: is a directory; name a prompt file")
-    text = read_utf8(path)  # read once: a FIFO (`tr bench <(...)`) or /dev/stdin is read as it comes
+    text = read_text_file(path)  # read once: a FIFO (`tr bench <(...)`) or /dev/stdin is read as it comes
     first = next((line for line in text.splitlines() if line.strip()), "")
     if path.suffix in (".jsonl", ".json") or first.lstrip().startswith("{"):
         return _parse_jsonl(text, str(path))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from .grammar import Grammar, GrammarError
-from .prompts import read_utf8
+from .input_text import UnreadableText, read_text_file
 
 if TYPE_CHECKING:
     import torch
@@ -78,13 +78,15 @@ def _is_inline(value: str) -> bool:
 
 def _read_schema_file(value: str) -> tuple[str, str]:
     """(the path as said in errors, the file's text); a one-line UserError naming the path when it
-    is missing, a folder or unreadable."""
+    is missing, a folder, unreadable or too long (a FIFO or device is read as it comes, bounded)."""
     try:
         path = Path(value).expanduser()
-        if path.is_dir():
-            raise UserError(f"--schema {value}: is a folder; give a JSON Schema file or the schema's JSON text")
-        if not path.is_file():
-            raise UserError(f"--schema {value}: no such file; give a JSON Schema file or the schema's JSON text")
-    except (OSError, RuntimeError) as exc:  # an unresolvable ~user, a name the OS refuses
+    except RuntimeError as exc:  # an unresolvable ~user
         raise UserError(f"--schema {value}: cannot use this path ({exc}); give a JSON Schema file") from None
-    return str(path), read_utf8(path, "--schema ")
+    try:
+        return str(path), read_text_file(path)
+    except UnreadableText as exc:
+        remedy = "give a JSON Schema file or the schema's JSON text"
+        if exc.reason.startswith("cannot use this path"):
+            remedy = "give a JSON Schema file"
+        raise UserError(f"--schema {value}: {exc.reason}; {remedy}") from None

@@ -1,10 +1,13 @@
 """`tr bench --plot` and `--from-report` (tr_cli/bench/plot.py): the figure's panels and series
-from a report, the files it writes, its one-line refusals; and the per-step token counts the
+from a report, the files it writes, its one-line refusals (a report's inner keys and types checked
+before anything prints: bench/report.py's check_report); and the per-step token counts the
 report carries (from a real decoder on a tiny model)."""
 
+import copy
 import json
 import xml.etree.ElementTree as ET
 from collections import Counter
+from pathlib import Path
 
 import matplotlib.image
 import pytest
@@ -13,7 +16,7 @@ from typer.testing import CliRunner
 from tr_cli.bench.methods import HFGenerate, TokenRecycling
 from tr_cli.bench.metrics import summarize
 from tr_cli.bench.plot import check_plot_target, draw, plot_report, read_reports
-from tr_cli.bench.report import render_passes
+from tr_cli.bench.report import ReportProblem, check_report, render_passes
 from tr_cli.bench.run import Run
 from tr_cli.bench.runner import run_bench
 from tr_cli.cli import app
@@ -93,6 +96,12 @@ def test_a_plot_target_that_cannot_be_written_is_refused_first(tmp_path, monkeyp
         check_plot_target(tmp_path / "r.jpg")
     with pytest.raises(SettingError, match="does not exist"):
         check_plot_target(tmp_path / "nowhere" / "r.png")
+    # A directory nothing can be written to, also as root: the bench used to run to its end first.
+    with pytest.raises(SettingError, match=r"^plot /proc/r.png: cannot be written here"):
+        check_plot_target(Path("/proc/r.png"))
+    (tmp_path / "d.png").mkdir()
+    with pytest.raises(SettingError, match="is a directory"):
+        check_plot_target(tmp_path / "d.png")
     monkeypatch.setattr("tr_cli.bench.plot.has_matplotlib", lambda: False)
     with pytest.raises(SettingError, match=r"needs matplotlib, the optional extra: pip install 'tr-cli\[plot\]'"):
         check_plot_target(tmp_path / "r.png")
@@ -110,7 +119,7 @@ def test_reports_are_read_back_or_refused_in_one_line(tmp_path):
     with pytest.raises(UserError, match=r"bad.json: line 2: not JSON"):
         read_reports(bad)
     bad.write_text('{"methods": {}}')
-    with pytest.raises(UserError, match="the report lacks environment, methods, categories or prompts"):
+    with pytest.raises(UserError, match="the report: lacks environment, categories, prompts"):
         read_reports(bad)
 
 
@@ -123,3 +132,81 @@ def test_from_report_prints_and_plots_without_running(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.output.count("| tr |") == 2  # both passes, from the file
     assert (tmp_path / "p-pass1.svg").is_file() and (tmp_path / "p-pass2.svg").is_file()
+
+
+# --- a report read back whose inner keys or types are wrong -----------------------------------
+
+
+def _broken(how: str) -> dict:
+    report = copy.deepcopy(_report())
+    if how == "methods as a list":
+        report["methods"] = list(report["methods"].values())
+    elif how == "no tokens_per_second":
+        del report["methods"]["tr"]["tokens_per_second"]
+    elif how == "prompt without id":
+        del report["prompts"][1]["id"]
+    elif how == "a string for a number":
+        report["methods"]["tr"]["speedup"] = "fast"
+    elif how == "a null for a number":
+        report["categories"]["qa"]["tr"]["tokens_per_second"] = None
+    elif how == "empty methods":
+        report["methods"] = {}
+    elif how == "a category without a method":
+        del report["categories"]["rag"]["pld"]
+    elif how == "a count that is a fraction":
+        report["methods"]["tr"]["prompts"] = 2.5
+    elif how == "tokens per step keyed by words":
+        report["methods"]["tr"]["tokens_per_step"] = {"one": 3}
+    return report
+
+
+CASES = {
+    "methods as a list": "methods: expected a JSON object, got a list",
+    "no tokens_per_second": "methods.tr: lacks tokens_per_second",
+    "prompt without id": "prompts[2]: lacks id",
+    "a string for a number": "methods.tr.speedup: expected a number, got text ('fast')",
+    "a null for a number": "categories.qa.tr.tokens_per_second: expected a number, got null",
+    "empty methods": "methods: empty; a report has at least one method",
+    "a category without a method": "categories.rag: lacks pld",
+    "a count that is a fraction": "methods.tr.prompts: expected a whole number, got a fraction",
+    "tokens per step keyed by words": "methods.tr.tokens_per_step: 'one' is not a count of tokens",
+}
+
+
+@pytest.mark.parametrize("how", CASES)
+def test_a_wrong_report_names_its_field(how):
+    with pytest.raises(ReportProblem) as caught:
+        check_report(_broken(how))
+    assert str(caught.value).startswith(CASES[how]), str(caught.value)
+
+
+def test_a_real_report_passes():
+    check_report(json.loads(json.dumps(_report())))  # as read back from the file
+
+
+@pytest.mark.parametrize("fmt", ["table", "md", "csv", "json"])
+@pytest.mark.parametrize("how", CASES)
+def test_from_report_prints_nothing_of_a_wrong_report(tmp_path, how, fmt):
+    saved = tmp_path / "r.json"
+    saved.write_text(render_passes([_report(), _broken(how)], "json"))
+    out = CliRunner().invoke(app, ["bench", "--from-report", str(saved), "--format", fmt])
+    assert out.exit_code == 1, out.output
+    assert out.output.strip().splitlines() == [
+        f"tr: error: {saved}: pass 2: {out.output.split('pass 2: ', 1)[1].strip()}"
+    ]
+    assert CASES[how] in out.output and "give a report written by tr bench --format json" in out.output
+    assert "unexpected" not in out.output
+
+
+def test_an_unwritable_plot_is_refused_before_the_bench_runs(tmp_path):
+    out = CliRunner().invoke(app, ["bench", "--plot", "/proc/r.png", "--limit", "1"])
+    assert out.exit_code == 1 and out.output.strip().splitlines() == [
+        "tr: error: --plot /proc/r.png: cannot be written here (permissions or a read-only file system)"
+    ]
+
+
+def test_a_huge_integer_in_a_report_is_one_line(tmp_path):
+    saved = tmp_path / "r.json"
+    saved.write_text('{"methods": ' + "9" * 5000 + "}")
+    out = CliRunner().invoke(app, ["bench", "--from-report", str(saved)])
+    assert out.exit_code == 1 and "not JSON (Exceeds the limit (4300 digits)" in out.output, out.output

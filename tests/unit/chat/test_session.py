@@ -119,6 +119,27 @@ def test_interrupted_reply_keeps_cache_consistent(tiny):
     check_next_turn_matches_generate(tiny, session, "Go on.")
 
 
+def test_ctrl_c_during_the_prefill_stops_it_and_the_next_turn_is_exact(tiny):
+    """Ctrl-C while a long message is read stops between prefill chunks (it used to run the whole
+    prefill, 30 s on 7,530 tokens, and show "1 tokens" without "interrupted"); the next turn reads
+    the conversation again and equals generate."""
+    session = new_session(tiny, max_new_tokens=10)
+    turn(session, "Hello there")
+    asked = []
+
+    def stop() -> bool:
+        asked.append(len(session.decoder.tokens))
+        return True  # pressed before the first chunk was read
+
+    events = list(session.reply("word " * 300, stop_requested=stop))
+    assert events == [] and asked, "the decoder never asked before the prefill"
+    assert session.last.interrupted and session.last.stats.finish_reason == "interrupted"
+    assert session.last.tokens == [] and session.messages[-1] == {"role": "assistant", "content": ""}
+    ids, rebuild, _ = session.prepare("Go on.")
+    assert rebuild  # the decoder holds part of the cut message: the conversation is read again
+    assert turn(session, "Go on.") == greedy(tiny, ids, 10)
+
+
 def test_eos_reply_then_next_turn_smollm2(smollm2_fp32):
     loaded = smollm2_fp32
     session = new_session(loaded, max_new_tokens=6)

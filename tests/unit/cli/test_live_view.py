@@ -6,7 +6,15 @@ read as markup; streamed text comes out in order, long lines broken at word boun
 from __future__ import annotations
 
 import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
+import pytest
 import torch
 from rich.console import Console
 
@@ -24,6 +32,8 @@ from tr_cli.cli.live_view import (
     tree_panel,
 )
 from tr_cli.core import GenerationStats, StepEvent, StepTimings, TreeSpec
+
+ROOT = Path(__file__).resolve().parents[3]
 
 PIECES = {
     10: "The",
@@ -174,3 +184,71 @@ def test_live_view_session_prints_text_literally():
     text = console.export_text()
     assert text.index("[bold]not bold[/bold] and [/] too") < text.rindex("last line")
     assert text.rstrip().endswith("last line")
+
+
+def test_the_live_region_is_erased_whole_after_the_terminal_narrows():
+    """A terminal that reflows re-wraps each drawn line into more rows when it narrows: erasing as
+    many rows as Rich drew left the top of the old panel in the scrollback (tmux, below)."""
+    file = io.StringIO()
+    console = Console(file=file, width=100, height=30, force_terminal=True, color_system=None)
+    view = LiveView(console, TokenLabels(FakeTokenizer()), stats, refresh_per_second=50)
+    with view:
+        view.push(event(), "partial line")
+        view._tick()
+        region = view._live._live_render
+        assert region.rows_now() == 5  # the partial line and a panel of 4 lines, at the width drawn
+        console.width = 40  # the 100-cell panel lines now take 3 rows each, the 12-cell line 1
+        assert region.rows_now() == 1 + 4 * 3
+        ups = str(region.position_cursor()).count("\x1b[1A")
+        assert ups == 12  # from the last row up to the first of the 13 it takes now
+        console.width = 120  # wider: nothing re-wraps
+        assert region.rows_now() == 5
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux for a terminal that reflows on resize")
+def test_no_stale_panel_in_the_scrollback_after_resizes_in_tmux(tmp_path):
+    script = tmp_path / "stream.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(ROOT)!r})\n"
+        "from types import SimpleNamespace\n"
+        "from rich.console import Console\n"
+        "from tr_cli.cli.live_view import LiveView\n"
+        "from tr_cli.core import GenerationStats\n"
+        "stats = GenerationStats(prompt_tokens=5)\n"
+        "step = SimpleNamespace(step=0, timings=SimpleNamespace(total=0.01), new_tokens=[1], tree=None,"
+        " tree_tokens=None)\n"
+        "print('START', flush=True)\n"
+        "with LiveView(Console(), lambda t: f'tok{t}', lambda: stats) as view:\n"
+        "    for i in range(45):\n"
+        "        view.push(step, f'word{i} ' * 3 + ('\\n' if i % 3 == 2 else ''))\n"
+        "        time.sleep(0.1)\n"
+        "print('END', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    session = f"tr-live-{os.getpid()}"
+
+    def tmux(*args: str) -> str:
+        return subprocess.run(["tmux", *args], capture_output=True, text=True, check=True).stdout
+
+    # COLUMNS and LINES would pin Rich's width (the test runner may set them): the terminal's is wanted.
+    command = f"env -u COLUMNS -u LINES {sys.executable} {script}"
+    tmux("new-session", "-d", "-s", session, "-x", "120", "-y", "30", command)
+    try:
+        deadline = time.monotonic() + 120
+        while "START" not in tmux("capture-pane", "-t", session, "-p") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for width in ("100", "80", "60", "45", "110"):  # four narrowings, then wider
+            time.sleep(0.5)
+            tmux("resize-window", "-t", session, "-x", width, "-y", "30")
+        while "END" not in tmux("capture-pane", "-t", session, "-p") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        screen = tmux("capture-pane", "-t", session, "-p", "-S", "-")
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    assert "END" in screen
+    # Each narrowing left the top of the old panel behind (its border and first line). Known left:
+    # now and then one row of a top border, at most one per narrowing (see the report in git log).
+    assert "│" not in screen and "╰" not in screen and screen.count("╭") <= 4, screen
+    assert set(re.findall(r"word\d+", screen)) == {f"word{i}" for i in range(45)}, screen

@@ -53,6 +53,30 @@ def test_json_nested_past_the_recursion_limit_is_a_bad_request_logged_in_one_lin
     assert " 400 " in caplog.records[0].getMessage()
 
 
+@pytest.mark.parametrize(
+    ("choice", "param", "words"),
+    [
+        (b'{"type": "function"}', "tool_choice.function", "Field required"),
+        (b'{"type": "function", "function": {}}', "tool_choice.function.name", "Field required"),
+        (b'{"type": "function", "function": {"name": 3}}', "tool_choice.function.name", "valid string"),
+        (b'"sometimes"', "tool_choice", "'auto', 'none' or 'required'"),
+    ],
+)
+def test_a_bad_tool_choice_names_the_member_its_shape_chose(client, choice, param, words):
+    """{"type": "function"} without a name cited param `tool_choice.literal['auto','none','required']`."""
+    error = bad_request(post(client, GOOD + b', "tool_choice": ' + choice + b"}"))
+    assert error["param"] == param and error["message"].startswith(f"{param}: "), error
+    assert words in error["message"] and "literal[" not in error["message"], error
+
+
+@pytest.mark.parametrize("where", ["ignored", "max_tokens"])
+def test_an_integer_past_pythons_digit_limit_is_a_bad_request(client, where):
+    # Python refuses to convert an integer literal of more than 4,300 digits (sys.int_info).
+    huge = b"9" * 5000
+    error = bad_request(post(client, GOOD + b', "' + where.encode() + b'": ' + huge + b"}"))
+    assert "JSON" in error["message"] and "4300 digits" in error["message"], error["message"]
+
+
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 @pytest.mark.parametrize(
     "field",

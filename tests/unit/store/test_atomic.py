@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -57,3 +58,12 @@ def test_a_wait_for_the_lock_is_announced_once(tmp_path):
     with locked(target, timeout=5, waiting=heard.append):  # free: no wait, nothing said
         pass
     assert len(heard) == 1
+
+
+def test_a_lock_file_that_cannot_be_made_is_a_store_error_naming_it():
+    """A read-only home (`tr matrix import` on one was `unexpected OSError`). /proc takes no new
+    file, also from root."""
+    expected = r"^/proc/m.safetensors: cannot make its lock file /proc/m.safetensors.lock \("
+    with pytest.raises(StoreError, match=expected):
+        with locked(Path("/proc/m.safetensors")):
+            pytest.fail("the lock was taken")

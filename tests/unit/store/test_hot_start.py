@@ -218,6 +218,8 @@ def test_a_new_user_starts_from_the_starter_files(seeds):
     assert [d.tokens.tolist() for d in hot.store.documents] == [conversation(40)]
     assert hot.acceptance.observed_steps == 1
     assert hot.describe().startswith("starter matrix shipped with tr") and str(hot.path) in hot.describe()
+    # The banner said "saved as yours to ..." before anything was, then the save failed (a full disk).
+    assert f"; what this run learns is saved to {hot.path}" in hot.describe() and "saved as" not in hot.describe()
     # Saving writes the user's own files: the starter's content plus what this session learned.
     hot.matrix[6] = 6
     hot.store.add(conversation(1), 100)

@@ -40,6 +40,8 @@ def test_an_unusable_corpus_names_the_file_and_no_flag(tmp_path, case):
     assert exc.path == path and str(exc) == f"{path}: {exc.reason}"
     if case == "not UTF-8":
         assert exc.reason.startswith("cannot read it as UTF-8 text (")
+    elif case == "directory":
+        assert exc.reason == "is a folder; name a text or prompt file"
     else:
         assert exc.reason == "no such file"
 

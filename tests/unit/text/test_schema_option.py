@@ -84,3 +84,29 @@ def test_the_schemas_true_and_false_are_inline_not_file_names(tmp_path, monkeypa
 def test_a_schema_nested_past_what_json_reads_is_one_line():
     with pytest.raises(UserError, match=r"^--schema: nested too deeply to read"):
         reply_grammar('{"a":' * 100_000 + "1" + "}" * 100_000, False)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "fault"),
+    [("[a-", "unclosed character class"), ("a{2,1}", "invalid repetition count range")],
+)
+def test_a_bad_pattern_names_its_fault(pattern, fault):
+    """It said `regex parse error:` and nothing else (the first of four lines)."""
+    schema = json.dumps({"type": "string", "pattern": pattern})
+    with pytest.raises(UserError) as caught:
+        reply_grammar(schema, False)
+    message = str(caught.value)
+    assert f"regex parse error in {pattern!r}: {fault}" in message and "\n" not in message, message
+
+
+def test_a_schema_from_a_fifo_is_read(tmp_path):
+    """`--schema <(...)` hands over a pipe: it was "no such file"."""
+    import os
+    import threading
+
+    fifo = tmp_path / "schema"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(json.dumps(SCHEMA)))
+    writer.start()
+    assert reply_grammar(str(fifo), False).source == Grammar.json_schema(SCHEMA).source
+    writer.join()

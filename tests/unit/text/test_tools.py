@@ -152,6 +152,10 @@ def test_tool_schemas_are_checked_one_by_one():
         parameter_grammars([WEATHER, bad])
     with pytest.raises(GrammarError, match="names two tools"):
         parameter_grammars([WEATHER, WEATHER])
+    # A bad pattern names its fault (the first line of llguidance's report said only "regex parse error:").
+    pattern = Tool("p", "", {"type": "object", "properties": {"x": {"type": "string", "pattern": "[a-"}}}, strict=True)
+    with pytest.raises(GrammarError, match=r"regex parse error in '\[a-': unclosed character class$"):
+        parameter_grammars([pattern])
 
 
 def test_parameters_with_their_own_definitions_keep_them_inside_the_wrapper(compiler):
