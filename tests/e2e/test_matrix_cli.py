@@ -86,7 +86,11 @@ def test_init_from_a_file_on_the_packaged_models_default_weights(home, smollm2_c
     whose layers take batch 1: the texts' chunks went in as one batch and failed with
     'x: (1, tokens, hidden)')."""
     text = tmp_path / "notes.txt"
-    text.write_text("The cat sat on the mat.\n\nThe dog sat on the log.\n\nA bird sang in the old oak tree.")
+    text.write_text(  # each text longer than the store's shortest document (8 tokens)
+        "The cat sat on the mat and looked out of the window.\n\n"
+        "The dog sat on the log and barked at the passing cars.\n\n"
+        "A bird sang in the old oak tree at the end of the garden."
+    )
     out = tr("matrix", "init", "smollm2", "--from", str(text))
     assert out.exit_code == 0, out.output
     assert "recycled store: 3 texts" in out.output.replace("\n", " ")

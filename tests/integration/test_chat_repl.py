@@ -424,8 +424,8 @@ def test_an_error_while_generating_does_not_end_the_chat(tiny):
     original = app.session.decoder.steps
     failures = [1]
 
-    def steps(input_ids, stop):
-        for n, event in enumerate(original(input_ids, stop)):
+    def steps(input_ids, stop, *rest):
+        for n, event in enumerate(original(input_ids, stop, *rest)):
             if n == 2 and failures:
                 failures.pop()
                 raise RuntimeError("out of memory (simulated)")
