@@ -2,13 +2,16 @@
 for random JSON schemas and tool sets, every tree (`none`, the paper's, a designed one) with
 every draft source on or off (prompt lookup, the recycled store, the grammar's forced chains and
 choices) gives the same reply, and never a token the grammar refuses: each reply replays through
-a fresh grammar. Seeded (derandomized), on the tiny Llama and its JSON-trained tokenizer, within
+a fresh grammar, and exploring drafts along it (as a tree does) and undoing them leaves the
+grammar where that replay has it. Seeded (derandomized), on the tiny Llama and its JSON-trained tokenizer, within
 a fixed number of examples (~30 s here)."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+from grammar_checks import explore_along, smollm2_compiler
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -131,3 +134,29 @@ def test_every_tree_and_source_gives_the_same_reply_inside_the_grammar(grammar, 
     for token in replies["none"]:
         assert check.allows(token), (grammar.description, replies["none"])
         check.advance(token)
+    # Trees explore drafts and undo them: that must leave the grammar where a replay has it (issue
+    # 43: llguidance's own rollback did not, so a reply could be refused a token its mask allowed).
+    explore_along(COMPILER, grammar, replies["none"], prompt_seed)
+
+
+json_values = st.recursive(
+    st.one_of(st.sampled_from(WORDS), st.integers(-5, 100), st.booleans(), st.none()),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(WORDS + ["type"]), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_tokenizer_dir):
+    return smollm2_compiler(smollm2_tokenizer_dir)
+
+
+@settings(max_examples=12, derandomize=True, deadline=None, database=None)
+@given(value=st.dictionaries(st.sampled_from(WORDS), json_values, min_size=1, max_size=4), seed=st.integers(0, 99))
+def test_exploring_drafts_on_a_real_tokenizer_leaves_the_grammar_as_a_replay_has_it(smollm2, value, seed):
+    """The same along random JSON objects under JSON mode, on SmolLM2's tokenizer, whose tokens
+    span a string's end and what follows (`":`, `",`, ` {"`, ` ["`): where issue 43's reply broke."""
+    tokenizer, compiler = smollm2
+    explore_along(compiler, Grammar.json_object(), tokenizer.encode(json.dumps(value)), seed)

@@ -24,10 +24,14 @@ import numpy as np
 import torch
 
 from ..core.constraint import ConstraintError, TokenConstraint, Turns
+from ..core.drafters.plan import MAX_DEPTH
 from ..core.token_text import TokenText
 
 CLOSING = b'",}]'  # the bytes a token that closes a JSON value may start with
 FEW_ALLOWED = 24  # a state allowing at most this many tokens is a choice among words (true/false, an enum)
+# Tokens a constraint can undo: more than the deepest draft explored under its state (a source's
+# draft of MAX_DEPTH tokens, the grammar's own chain and a choice before it).
+MAX_UNDO = 2 * MAX_DEPTH
 
 MAX_SCHEMA_CHARS = 100_000  # a schema's JSON text; OpenAI's own limits are of the same order
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -145,7 +149,8 @@ class GrammarTokenText(TokenText):
 
 class GrammarConstraint(TokenConstraint):
     """One reply's grammar state (an llguidance matcher). The mask of the current state is
-    computed once, on first use after each move, into a buffer of one bit per token."""
+    computed once, on first use after each move, into a buffer of one bit per token; undoing a
+    move brings back the state before it with its mask."""
 
     def __init__(
         self,
@@ -167,6 +172,13 @@ class GrammarConstraint(TokenConstraint):
             raise GrammarError(f"{grammar.description}: {_first_line(self._matcher.get_error())}")
         self._bits = np.zeros((vocab_size + 31) // 32, dtype=np.uint32)
         self._fresh = False
+        # Undo is by snapshots, never llguidance's own rollback: after a mask computed in a state
+        # that is then rolled back, llguidance 1.9's rollback can leave a matcher whose masks allow
+        # tokens that a fresh replay of the same tokens forbids (issue 43: after ` {"type` explored
+        # and undone, ` ["type` then allowed `":`, which consume refused). A copy is a few
+        # microseconds; each advance consumes on a copy and keeps the state (and its mask) it
+        # left, at most MAX_UNDO of them. A refused token leaves the matcher as it was.
+        self._undo: list[tuple[object, np.ndarray, bool]] = []
         # A stop token ends the reply. It is kept out of the matcher: llguidance stops there, and
         # undoing it leaves a matcher that no longer allows the stop token (the state is lost),
         # while drafts are explored and undone. Past it only stop tokens are allowed (as in a
@@ -206,10 +218,18 @@ class GrammarConstraint(TokenConstraint):
                 raise ConstraintError(f"{self.grammar.description}: the reply cannot end here (token {token})")
             self._ended += 1  # the matcher and the mask in the buffer stay as they were
             return
-        self._fresh = False
-        if self._ended or not self._matcher.consume_token(token):
-            reason = "the reply has ended" if self._ended else _first_line(self._matcher.get_error())
+        if self._ended:
+            raise ConstraintError(f"{self.grammar.description}: token {token} refused (the reply has ended)")
+        following = self._matcher.deep_copy()
+        if not following.consume_token(token):
+            reason = _first_line(following.get_error())
             raise ConstraintError(f"{self.grammar.description}: token {token} refused ({reason})")
+        self._undo.append((self._matcher, self._bits, self._fresh))
+        if len(self._undo) > MAX_UNDO:
+            del self._undo[0]  # a snapshot holds the whole parse so far: only the recent ones are kept
+        self._matcher = following
+        self._bits = np.empty_like(self._bits)
+        self._fresh = False
 
     def rollback(self, count: int) -> None:
         undone = min(count, self._ended)
@@ -217,10 +237,10 @@ class GrammarConstraint(TokenConstraint):
         count -= undone
         if count == 0:
             return
-        self._fresh = False
-        if not self._matcher.rollback(count):
-            self._check()
-            raise ConstraintError(f"{self.grammar.description}: could not undo {count} tokens")
+        if count > len(self._undo):
+            raise ConstraintError(f"{self.grammar.description}: could not undo {count} tokens (at most {MAX_UNDO})")
+        self._matcher, self._bits, self._fresh = self._undo[-count]
+        del self._undo[-count:]
 
     def forced(self) -> list[int]:
         if self._ended:
@@ -260,19 +280,14 @@ class GrammarConstraint(TokenConstraint):
                 break
             # A turn: the grammar forces a run after it or may end there (a digit inside a number
             # or a comma inside a string is not one: nothing is forced after it).
-            if not self._matcher.consume_token(token):
-                break  # the mask allowed it: the matcher failed, and _check says how
-            try:
-                if self._matcher.is_accepting() or self._matcher.compute_ff_tokens():
-                    out.append(token)
-                else:
-                    open_value = True
-            finally:
-                if not self._matcher.rollback(1):
-                    self._fresh = False
-                    self._check()
-                    raise ConstraintError(f"{self.grammar.description}: could not undo a token tried")
-        self._check()  # back where it was: the mask in the buffer is still this state's
+            probe = self._matcher.deep_copy()  # tried on a copy: see _undo
+            if not probe.consume_token(token):
+                reason = _first_line(probe.get_error())
+                raise ConstraintError(f"{self.grammar.description}: token {token} allowed, then refused ({reason})")
+            if probe.is_accepting() or probe.compute_ff_tokens():
+                out.append(token)
+            else:
+                open_value = True
         return Turns(out, closing=open_value)
 
     def certain(self, tokens: list[int]) -> int:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from grammar_checks import explore_along, smollm2_compiler
 
 from tr_cli.core.constraint import ConstraintError
 from tr_cli.text.grammar import MAX_SCHEMA_CHARS, Grammar, GrammarCompiler, GrammarError
@@ -213,3 +214,66 @@ def test_ending_the_reply_can_be_explored_and_undone(compiler):
     explored.advance(EOS)
     explored.rollback(2)
     assert explored.allows(EOS) and torch.equal(explored.allowed(), clean.allowed())
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_tokenizer_dir):
+    return smollm2_compiler(smollm2_tokenizer_dir)
+
+
+def weather_tool() -> Grammar:
+    from tr_cli.text.tools import GenericFormat, Tool, ToolChoice
+
+    parameters = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city", "unit"],
+    }
+    return GenericFormat().grammar([Tool("get_weather", "Get the weather", parameters)], ToolChoice("required"))
+
+
+def test_an_explored_and_undone_draft_leaves_the_grammar_as_a_fresh_replay_has_it(smollm2):
+    """Issue 43: a tool call (SmolLM2's tokenizer, free extra arguments) where the tree explored
+    ` {"type` (an object's key), masks computed there, and undid it; then ` ["type` (a string in an
+    array) was allowed `":`, which consuming it refused (llguidance's own rollback kept something of
+    the undone state): the reply died with 'token 1799 refused'. A fresh replay forbids it."""
+    tokenizer, compiler = smollm2
+    grammar = weather_tool()
+    prefix = tokenizer.encode(
+        '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C", "type":'
+    )
+    key, array, word, colon = (tokenizer.convert_tokens_to_ids(t) for t in ('Ġ{"', 'Ġ["', "type", '":'))
+    explored, fresh = compiler.constraint(grammar), compiler.constraint(grammar)
+    for token in prefix:
+        explored.advance(token)
+        fresh.advance(token)
+    for token in (key, word):
+        explored.advance(token)
+        explored.allows(colon)  # the mask of the explored state
+    explored.rollback(2)
+    for token in (array, word):
+        explored.advance(token)
+        fresh.advance(token)
+    assert not fresh.allows(colon)
+    assert torch.equal(explored.allowed(), fresh.allowed())
+    assert not explored.allows(colon)
+    with pytest.raises(ConstraintError):
+        explored.advance(colon)
+    explored.advance(tokenizer.convert_tokens_to_ids('",'))  # a refused token leaves the state as it was
+
+
+def test_exploring_drafts_never_changes_what_the_grammar_allows(smollm2):
+    """Seeded random exploration along whole replies (a tool call with extra arguments of every
+    kind, a schema's object) never leaves the constraint anywhere but where a fresh replay is."""
+    tokenizer, compiler = smollm2
+    person = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array"}}}
+    cases = [
+        (
+            weather_tool(),
+            '{"tool_call": {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "C", '
+            '"type": ["type", {"type": 1}], "x": {"a": [true, null]}}}}',
+        ),
+        (Grammar.json_schema(person), '{"name": "Ann", "tags": ["a", {"b": "c"}], "age": [1, {"d": []}]}'),
+    ]
+    for seed, (grammar, text) in enumerate(cases):
+        explore_along(compiler, grammar, tokenizer.encode(text), seed)
