@@ -228,6 +228,7 @@ def weather_tool() -> Grammar:
         "type": "object",
         "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
         "required": ["city", "unit"],
+        "additionalProperties": True,  # as the report's request had it (JSON Schema's own reading)
     }
     return GenericFormat().grammar([Tool("get_weather", "Get the weather", parameters)], ToolChoice("required"))
 
@@ -266,7 +267,11 @@ def test_exploring_drafts_never_changes_what_the_grammar_allows(smollm2):
     """Seeded random exploration along whole replies (a tool call with extra arguments of every
     kind, a schema's object) never leaves the constraint anywhere but where a fresh replay is."""
     tokenizer, compiler = smollm2
-    person = {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array"}}}
+    person = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "tags": {"type": "array"}},
+        "additionalProperties": True,
+    }
     cases = [
         (
             weather_tool(),
