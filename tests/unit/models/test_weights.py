@@ -13,7 +13,8 @@ from tr_cli.core.step_scope import decoding_step, in_decoding_step
 from tr_cli.core.tree import PRESETS
 from tr_cli.engine.calibration import calibration_key, model_shape
 from tr_cli.errors import SettingError
-from tr_cli.models import Runtime, WeightsMode
+from tr_cli.models import Runtime, WeightsMode, native_kernels
+from tr_cli.models.runtime import TORCH_KERNELS_WHERE_TRS_RUN
 from tr_cli.models.weights import (
     INT4_GROUP,
     Int4Linear,
@@ -299,7 +300,8 @@ def test_one_token_decoding_equals_generate_on_the_quantized_model(arch, mode):
 
 def test_runtime_refuses_weights_that_cannot_run():
     assert Runtime.resolve("cpu", "float16", "dense").dtype == torch.float16  # dense runs in any dtype
-    on_torch = Runtime(CPU, torch.bfloat16, WeightsMode("int8"), kernels="torch's kernels")
+    torch_kernels = "torch's kernels" if native_kernels.unavailable() else TORCH_KERNELS_WHERE_TRS_RUN
+    on_torch = Runtime(CPU, torch.bfloat16, WeightsMode("int8"), kernels=torch_kernels)
     assert Runtime.resolve("cpu", "bfloat16", "int8") == on_torch
     assert Runtime.resolve("cpu", "bfloat16", "int4").weights.name == "int4"
     assert Runtime.resolve("cpu", "auto", "int4+bf16").weights == WeightsMode("int4", bf16_prompts=True)
