@@ -35,6 +35,7 @@ Runtime.resolve:
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -254,19 +255,19 @@ def _float16(values: torch.Tensor) -> torch.Tensor:
     return values.clamp(-finite, finite).to(torch.float16)
 
 
-class WeightSource:
+class WeightSource(ABC):
     """A matmul weight not held as a float tensor (a GGUF file's blocks): what `quantize` takes for
     it instead of the layer's own weight, which may be on the meta device."""
 
     stored: str | None = None  # 'int4' / 'int8': the kind holding the stored values closest; None: float
 
+    @abstractmethod
     def buffers(self, kind: type[_NativeLinear]) -> dict[str, torch.Tensor]:
         """`kind`'s buffers for this weight, outputs padded to a multiple of 8."""
-        raise NotImplementedError
 
+    @abstractmethod
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight's values as an (out, in) tensor."""
-        raise NotImplementedError
 
 
 class _NativeLinear(_QuantizedLinear):
