@@ -159,6 +159,13 @@ def idle(driver) -> bool:
     return driver.find_element(By.ID, "send").is_displayed()
 
 
+def click_in_view(driver, element) -> None:
+    """Click once the element is in view: the messages scroll smoothly (CSS), so the scroll Selenium
+    does before a click is still under way when it clicks, at the element's old place."""
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center', behavior: 'instant'})", element)
+    element.click()
+
+
 def set_max_tokens(driver, value: int) -> None:
     driver.find_element(By.ID, "toggle-settings").click()
     field = driver.find_element(By.ID, "max_tokens")
@@ -200,7 +207,7 @@ def test_a_conversation_streams_shows_its_drafts_stops_and_survives_a_reload(ser
     assert re.search(r"\d+ steps · \d+/\d+ tokens drafted · MAT \d+\.\d\d · [\d.]+ tok/s", summary), summary
     assert "MAT" in reply.find_element(By.CSS_SELECTOR, ".stats").text
     assert reply.find_elements(By.CSS_SELECTOR, ".codeblock pre code"), "the code is not shown as code"
-    reply.find_elements(By.CSS_SELECTOR, ".drafts .step")[1].click()  # a step's drafted tree
+    click_in_view(browser, reply.find_elements(By.CSS_SELECTOR, ".drafts .step")[1])  # a step's drafted tree
     assert reply.find_elements(By.CSS_SELECTOR, ".detail .tree .tok.rejected")
 
     # Stop mid-reply: the decode ends, the server logs the client leaving and is free at once.
@@ -227,7 +234,7 @@ def test_a_conversation_streams_shows_its_drafts_stops_and_survives_a_reload(ser
     assert replies(browser)[0].find_elements(By.CSS_SELECTOR, ".drafts .step .tok:not(.bonus)")
 
     # Regenerate the stopped reply: the prompt comes from the cache (the server is greedy).
-    browser.find_element(By.CSS_SELECTOR, "button[aria-label='Regenerate the last reply']").click()
+    click_in_view(browser, browser.find_element(By.CSS_SELECTOR, "button[aria-label='Regenerate the last reply']"))
     wait(browser, lambda d: not idle(d), 10, "the regenerated reply to start")
     wait(browser, lambda d: len(reply_text(d)) > len(stopped) + 10, message="the regenerated reply")
     browser.find_element(By.ID, "stop").click()
