@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..core import PRESETS, StopCondition, TokenRecyclingDecoder
+from ..core import PRESETS, StepEvent, StopCondition, TokenRecyclingDecoder
 from ..core.drafters.plan import DraftPlan
 from ..core.sampling_config import SamplingConfig
 from ..engine.engine import Engine, dtype_unavailable
@@ -202,8 +202,16 @@ class TokenRecycling:
         stats = result.stats
         per_step = Counter(len(event.new_tokens) for event in result.events if event.step > 0)
         drafted = sum((Counter(event.accepted_by_source) for event in result.events), Counter())
+        verified = sum((_verified_by_source(event) for event in result.events), Counter())
         first = stats.first_token_seconds
-        return Run(result.tokens, stats.wall_seconds, stats.steps, stats.step_timings, per_step, drafted, first)
+        return Run(
+            result.tokens, stats.wall_seconds, stats.steps, stats.step_timings, per_step, drafted, verified, first
+        )
+
+
+def _verified_by_source(event: StepEvent) -> Counter[str]:
+    """The draft nodes a step verified, by source (a node two sources proposed counts for both)."""
+    return Counter({name: sum(1 for node in nodes if node > 0) for name, nodes in event.nodes_by_source.items()})
 
 
 @dataclass(frozen=True)

@@ -55,11 +55,12 @@ def _tokens_per_step(items: list[Measured]) -> dict[str, int] | None:
     return {str(n): total[n] for n in sorted(total)}
 
 
-def _drafted(items: list[Measured]) -> dict[str, int] | None:
-    """Emitted draft tokens by the source that drafted them (matrix, lookup, store, grammar)."""
-    if not items or any(m.drafted is None for m in items):
+def _by_source(items: list[Measured], counts: str) -> dict[str, int] | None:
+    """A count by draft source (matrix, lookup, store, grammar) summed over the items: `drafted`
+    (emitted draft tokens) or `verified` (draft nodes verified)."""
+    if not items or any(getattr(m, counts) is None for m in items):
         return None
-    total = sum((m.drafted for m in items), Counter())
+    total = sum((getattr(m, counts) for m in items), Counter())
     return {source: total[source] for source in sorted(total)}
 
 
@@ -110,7 +111,9 @@ def summarize(results: list[PromptResult], environment: dict, sampled: bool = Fa
             "speedup_vs_ar": b["speedup_vs_ar"],
             "step_split": _step_split(b["items"]),
             "tokens_per_step": _tokens_per_step(b["items"]),
-            "drafted_tokens": _drafted(b["items"]),
+            "drafted_tokens": _by_source(b["items"], "drafted"),
+            # Each source's acceptance: its drafted_tokens over these.
+            "verified_nodes": _by_source(b["items"], "verified"),
         }
     categories: dict[str, dict] = {}
     for category in dict.fromkeys(r.record.category for r in results):

@@ -97,7 +97,7 @@ def check_report(report: object) -> None:
             _value(method, field, kind, where, nullable=True, required=False)
         if method.get("step_split") is not None:
             _value(_mapping(method["step_split"], f"{where}.step_split"), "outside_forward", _NUMBER, where)
-        for field in ("drafted_tokens", "tokens_per_step"):
+        for field in ("drafted_tokens", "verified_nodes", "tokens_per_step"):
             counts = _mapping(method.get(field) or {}, f"{where}.{field}")
             for key in counts:
                 _value(counts, key, _NUMBER, f"{where}.{field}", nullable=False)
@@ -268,11 +268,29 @@ def environment_line(env: dict) -> str:
     return " · ".join(f"{k}: {shown[k]}" for k in keys if shown.get(k) is not None)
 
 
+def sources_line(report: dict) -> str | None:
+    """Each draft source's acceptance per method, accepted of verified nodes ('tr: matrix 115/402
+    29%, lookup ...'); None where no method says (older reports, methods that do not draft)."""
+    parts = []
+    for name, m in report["methods"].items():
+        verified, accepted = m.get("verified_nodes") or {}, m.get("drafted_tokens") or {}
+        cells = [
+            f"{source} {accepted.get(source, 0)}/{count} {100 * accepted.get(source, 0) / count:.0f}%"
+            for source, count in verified.items()
+            if count
+        ]
+        if cells:
+            parts.append(f"{name}: {', '.join(cells)}")
+    return "draft nodes accepted/verified by source · " + " · ".join(parts) if parts else None
+
+
 def to_markdown(report: dict) -> str:
     header, body = rows(report)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in body]
-    return "\n".join(lines) + "\n\n" + environment_line(report["environment"]) + "\n"
+    sources = sources_line(report)
+    below = [environment_line(report["environment"]), *([sources] if sources else [])]
+    return "\n".join(lines) + "\n\n" + "\n\n".join(below) + "\n"
 
 
 def to_csv(report: dict) -> str:

@@ -18,6 +18,7 @@ class Run:
     # llama.cpp's speculation).
     tokens_per_step: Counter[int] | None = None
     drafted: Counter[str] | None = None  # emitted draft tokens by the source that drafted them (ours only)
+    verified: Counter[str] | None = None  # draft nodes verified, by the source that proposed them (ours only)
     # Wall time until the first new token (the prefill and its token); None where not measured.
     first_token_seconds: float | None = None
 

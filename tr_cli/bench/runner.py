@@ -32,6 +32,7 @@ class Measured:
     timings: StepTimings | None = None  # our decoders' step time split, summed over turns
     tokens_per_step: Counter[int] | None = None  # steps by tokens emitted, summed over turns
     drafted: Counter[str] | None = None  # emitted draft tokens by source, summed over turns
+    verified: Counter[str] | None = None  # verified draft nodes by source, summed over turns
     first_token_seconds: float | None = 0.0  # summed over turns; None if a turn did not say
 
     @property
@@ -53,6 +54,8 @@ class Measured:
             self.tokens_per_step = (self.tokens_per_step or Counter()) + run.tokens_per_step
         if run.drafted is not None:
             self.drafted = (self.drafted or Counter()) + run.drafted
+        if run.verified is not None:
+            self.verified = (self.verified or Counter()) + run.verified
         if self.first_token_seconds is not None:
             first = run.first_token_seconds
             self.first_token_seconds = None if first is None else self.first_token_seconds + first

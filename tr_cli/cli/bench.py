@@ -312,7 +312,7 @@ def _run(runners, records, encoder: ConversationEncoder, check, **schedule):
 
 def rich_table(report: dict) -> Table:
     """The report as a terminal table (the rows of report.rows, the environment as caption)."""
-    from ..bench.report import environment_line, rows, sampled
+    from ..bench.report import environment_line, rows, sampled, sources_line
 
     header, body = rows(report)
     env = report["environment"]
@@ -324,7 +324,7 @@ def rich_table(report: dict) -> Table:
     table = Table(
         title=(f"tr bench: speedup over {over}" if reference else "tr bench") + (f" · pass {number}" if number else ""),
         title_justify="left",
-        caption=environment_line(env),
+        caption="\n".join(line for line in (environment_line(env), sources_line(report)) if line),
         caption_justify="left",
     )
     for i, column in enumerate(header):

@@ -27,7 +27,8 @@ from .cpu_load import OtherLoad
 # one-token int4 step on SmolLM2 went from ~20 to ~13 ms, and the trees follow the costs.
 # 6: tr's kernels take weights in blocks of eight columns and the row attention reads keys in blocks:
 # each extra row of a step costs about half what it did.
-CALIBRATION_VERSION = 6
+# 7: each size priced by its median ratio to a one-token step timed just before it (cost_model.calibrate).
+CALIBRATION_VERSION = 7
 # Other processes' CPU use during a measurement above which it is not cached. Measured here: one
 # competing torch process cut one-token decoding from 14.0 to 5.2 tok/s (benchmarks/contention_bench.py).
 BUSY_CORES = 0.5

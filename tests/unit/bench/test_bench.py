@@ -2,13 +2,14 @@
 check (sampling), method names, and turns that follow each method's own answer."""
 
 import json
+from collections import Counter
 
 import pytest
 from typer.testing import CliRunner
 
 from tr_cli.bench.distribution import DistributionCheck, check_tokens
 from tr_cli.bench.metrics import summarize
-from tr_cli.bench.report import render, rows
+from tr_cli.bench.report import check_report, render, rows, sources_line
 from tr_cli.bench.run import Run
 from tr_cli.bench.runner import run_bench
 from tr_cli.core import StepTimings
@@ -59,6 +60,7 @@ def test_metrics_identical_check_and_schema():
         "step_split",
         "tokens_per_step",
         "drafted_tokens",
+        "verified_nodes",
     }
     assert set(report["methods"]["baseline"]) == keys == set(report["methods"]["tr"])
     base, tr = report["methods"]["baseline"], report["methods"]["tr"]
@@ -86,6 +88,29 @@ def test_metrics_identical_check_and_schema():
     md = render(report, "md")
     assert "| tr | 2.00× | 2.00× |" in md and "| 2.00× | 4.00× |" in md  # speedup, then decode
     assert "tr,all,4.0000,2.0000" in render(report, "csv")
+
+
+def test_each_sources_acceptance_is_reported():
+    """Accepted of verified draft nodes per source, summed over prompts, in the report and its text."""
+    prompts = [PromptRecord("a", "qa", ("xx",)), PromptRecord("b", "qa", ("yyy",))]
+    outputs = {2: [1, 2, 3, 4, 5], 3: [6, 7, 8]}
+
+    def drafting(ids, n, grammar):
+        return Run(
+            outputs[len(ids)][:n], 1.0, 2, drafted=Counter(matrix=1, lookup=2), verified=Counter(matrix=4, lookup=2)
+        )
+
+    runners = {"baseline": fake_runner(outputs, 2.0, 1.0), "tr": drafting}
+    report = summarize(
+        run_bench(runners, prompts, encode=lambda h, t: [0] * len(t), decode=str, max_new_tokens=10, warmup=0),
+        {"model": "fake"},
+    )
+    tr = report["methods"]["tr"]
+    assert tr["drafted_tokens"] == {"lookup": 4, "matrix": 2} and tr["verified_nodes"] == {"lookup": 4, "matrix": 8}
+    assert report["methods"]["baseline"]["verified_nodes"] is None  # it does not draft
+    line = "draft nodes accepted/verified by source · tr: lookup 4/4 100%, matrix 2/8 25%"
+    assert sources_line(report) == line and line in render(report, "md")
+    check_report(json.loads(render(report, "json")))
 
 
 def test_ar_ratio_and_step_split():

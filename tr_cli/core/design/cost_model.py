@@ -8,6 +8,7 @@ the tree is sized from a measurement instead of a fixed spec.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,21 +68,31 @@ def calibrate(
     repeats: int = 3,
     warmup: int = 2,
 ) -> CostModel:
-    """Time `run_step(n)` (one forward over n tokens, synchronized) for each size; the fastest of
-    the repeats, since background load only ever adds time (one contended run once made t(96) 30x
-    t(80) here). Sizes are measured round-robin, then made non-decreasing (noise, not physics).
+    """Time `run_step(n)` (one forward over n tokens, synchronized) for each size. Each larger size
+    is timed right after a step of the smallest, and its price is the median over the repeats of
+    that pair's ratio, times the fastest smallest step. Trees are chosen by these ratios (tokens per
+    second is expected tokens over t), and a pause of the machine (another process, a frequency
+    step) slows both steps of a pair alike, where a fastest-of-repeats per size mixed quiet and
+    slow moments: two fresh homes once measured t(8) = 53 and 71 ms for one 1.5B model. Sizes go
+    round-robin; the curve is then made non-decreasing (noise, not physics).
     """
     for _ in range(warmup):
         run_step(sizes[-1])
         run_step(sizes[0])
-    samples: dict[int, list[float]] = {n: [] for n in sizes}
+
+    def timed(n: int) -> float:
+        start = time.perf_counter()
+        run_step(n)
+        return time.perf_counter() - start
+
+    smallest: list[float] = []
+    ratios: dict[int, list[float]] = {n: [] for n in sizes[1:]}
     for _ in range(repeats):
-        for n in sizes:
-            start = time.perf_counter()
-            run_step(n)
-            samples[n].append(time.perf_counter() - start)
-    seconds = []
-    for n in sizes:
-        t = min(samples[n])
-        seconds.append(max(t, seconds[-1]) if seconds else t)
+        for n in sizes[1:]:
+            base = timed(sizes[0])
+            smallest.append(base)
+            ratios[n].append(timed(n) / base)
+    seconds = [min(smallest)]
+    for n in sizes[1:]:
+        seconds.append(max(seconds[0] * statistics.median(ratios[n]), seconds[-1]))
     return CostModel(tuple(sizes), tuple(seconds))

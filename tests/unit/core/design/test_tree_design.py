@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from types import SimpleNamespace
 
@@ -34,22 +33,25 @@ def test_cost_model_rejects_bad_points(sizes, seconds):
         CostModel(sizes, seconds)
 
 
-def test_calibrate_takes_the_fastest_repeat_and_keeps_the_curve_monotone(monkeypatch):
-    """On a fake clock that each step advances by a set time: a hiccup adds 30 ms to every third
-    call, and size 4 is faster than size 2 (noise the curve must not keep)."""
+def test_calibrate_prices_sizes_by_their_median_ratio_to_a_one_token_step(monkeypatch):
+    """On a fake clock that each step advances by a set time: the first round is quiet and the two
+    others run 1.5x slower (a busy machine), size 8 hiccups (+30 ms) in the quiet round, and size 4
+    is faster than size 2 (noise the curve must not keep). Fastest-of-repeats per size would put
+    t(8) at 30 ms (a slow round's) over a quiet round's t(1) of 10 ms: 3x where the step is 2x."""
     step_seconds = {1: 0.010, 2: 0.012, 4: 0.011, 8: 0.020}
-    hiccups = itertools.cycle([0.0, 0.03, 0.0])
     clock = [0.0]
     calls: list[int] = []
 
     def run(n: int) -> None:
         calls.append(n)
-        clock[0] += step_seconds[n] + next(hiccups)
+        call = len(calls) - 1
+        slow = 1.5 if call >= 2 + 6 else 1.0  # after the warmup and the first round
+        clock[0] += step_seconds[n] * slow + (0.03 if call == 2 + 5 else 0.0)
 
     monkeypatch.setattr(cost_model, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     cost = calibrate(run, sizes=(1, 2, 4, 8), repeats=3, warmup=1)
-    assert calls == [8, 1] + [1, 2, 4, 8] * 3  # warmup on the ends, then round-robin rounds
-    # Every size has a repeat without a hiccup, so the fastest is its step time; 4 is lifted to 2's.
+    assert calls == [8, 1] + [1, 2, 1, 4, 1, 8] * 3  # warmup on the ends, then pairs, round-robin
+    # Ratios 1.2, 1.1 (lifted to 1.2) and 2 (median of 5, 2, 2) times the quiet t(1).
     assert cost.sizes == (1, 2, 4, 8)
     assert cost.seconds == pytest.approx((0.010, 0.012, 0.012, 0.020), abs=1e-12)
 

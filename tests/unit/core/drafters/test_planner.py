@@ -73,3 +73,23 @@ def test_the_planner_corrects_itself_from_what_steps_cost_and_accept():
     assert abs(planner.plain_time.value - 1.0) < 1e-9
     _, tokens, placements = planner.plan(9, drafts)
     assert tokens.tolist() == [9] and placements[0].nodes == (-1, -1, -1)
+
+
+def test_a_calibration_that_overrates_plain_steps_is_found_out_and_both_prices_stay_measured():
+    # t(1) was calibrated at 2.0 (under load, say) and a real one-token step costs 1.0; drafted steps
+    # cost what the calibration says. Drafting 3 nodes looks worth it (1.5 expected over t(4) ~ 2.17
+    # against 1 over 2.0) and is not (1 token a second without drafts): only a plain step shows it.
+    planner = DraftPlanner(CostModel((1, 8), (2.0, 2.4)), "cpu")
+    drafts = [matrix_draft([9, 10, 11, 12], (0.3, 0.1, 0.1))]
+    sizes = []
+    for step in range(300):
+        _, tokens, _ = planner.plan(9, drafts)
+        size = len(tokens)
+        sizes.append(size)
+        seconds = planner.cost.time(size) if size > 1 else 1.0
+        planner.observe(seconds, accepted=step % 2 if size > 1 else 0, verified=size - 1)  # 0.5 a step, as planned
+    assert sizes[0] == 4
+    late = sizes[-150:]
+    assert late.count(1) >= 140, late  # it stopped drafting
+    assert any(size > 1 for size in late)  # and still tries a drafted step now and then
+    assert 0.4 < planner.plain_time.value < 0.65
