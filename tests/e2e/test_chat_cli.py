@@ -27,7 +27,7 @@ from tr_cli.store.paths import cache_dir
 from tr_cli.text.conversation import encode_prompt
 
 BIN = Path(sys.executable).parent
-ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[=>78]|\r")
+ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(\x07|\x1b\\)|\x1b[()][0-9A-Za-z]|\x1b[=>78DEM]|\r")
 COLOR_SGR = re.compile(r"\x1b\[(?:[0-9;]*;)?(?:3[0-79]|4[0-79]|9[0-7]|10[0-7]|38;|48;)[0-9;]*m")
 STATS = " tok/s · MAT "
 

@@ -21,6 +21,7 @@ from ..core.matrix import rows_filled
 from ..engine.engine import Engine
 from ..text.streaming import IncrementalDecoder
 from .console import note, write_out
+from .cursor_position import cursor_position
 from .interrupts import DoubleInterrupt, Interrupts, no_echo
 from .live_view import LiveView, TokenLabels, stats_line
 from .setup import save_state
@@ -126,7 +127,13 @@ class ChatApp:
         text = IncrementalDecoder(self.loaded.tokenizer)
         with self.interrupts.deferred(), no_echo(sys.stdin):
             if live:
-                view = LiveView(self.console, self.labels, lambda: self.session.stats, self.session.settings.live)
+                view = LiveView(
+                    self.console,
+                    self.labels,
+                    lambda: self.session.stats,
+                    self.session.settings.live,
+                    cursor_position=lambda: cursor_position(sys.stdin, self.console.file),
+                )
                 with view:
                     event = None
                     for event in events:

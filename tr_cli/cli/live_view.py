@@ -4,23 +4,21 @@ Model output and token labels always go into `rich.text.Text` / `rich.tree.Tree`
 into markup strings: model text is full of `[` and would otherwise be read as markup.
 
 The live view never makes the decoder wait for the terminal: `LiveView.push` only appends to a
-buffer under a lock; a background thread prints finished lines and redraws the panel at a bounded
-rate.
+buffer under a lock; a background thread writes the text and redraws the panel at a bounded rate.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+import unicodedata
+from collections.abc import Callable, Iterable
 
 from rich.box import ROUNDED
 from rich.cells import cell_len, get_character_cell_size
 from rich.console import Console, ConsoleOptions, Group, RenderResult
-from rich.control import Control
-from rich.live import Live
-from rich.live_render import LiveRender
 from rich.panel import Panel
-from rich.segment import Segment
+from rich.segment import ControlType, Segment
 from rich.text import Text
 from rich.tree import Tree
 
@@ -33,6 +31,7 @@ REJECTED_STYLE = "dim"
 LABEL_MAX = 16
 PATH_PANEL_HEIGHT = 4  # border, path line, rejected line, border
 REFRESH_PER_SECOND = 8.0
+RESIZE_SETTLE_SECONDS = 1.0  # the panel is left out until the terminal's size has not changed for this long
 
 _VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 
@@ -234,74 +233,138 @@ def step_split(stats: GenerationStats) -> str:
     return "per step: " + " / ".join(f"{name} {value:.1f}" for name, value in ms.items()) + " ms"
 
 
-def split_at_width(text: str, width: int) -> int:
-    """Where to break `text` so the first part fits `width` cells: after the last space that fits,
-    else (one long word) at the width itself. Returns len(text) when it all fits."""
-    if cell_len(text) <= width:
-        return len(text)
-    used = 0
-    cut = 0
-    for i, char in enumerate(text):
-        used += get_character_cell_size(char)
-        if used > width:
-            cut = i
-            break
-    space = text.rfind(" ", 0, cut + 1)
-    return space + 1 if space > 0 else max(cut, 1)
+TAB_SIZE = 8
 
 
-class _ReflowingRender(LiveRender):
-    """Rich's live region, erased whole after the terminal narrowed. A terminal that reflows on
-    resize (tmux, VTE, iTerm2, kitty, Windows Terminal) re-wraps each drawn line into more rows;
-    Rich moves up only as many rows as it drew, so every narrowing left the top of the old panel
-    in the scrollback. Here each drawn line's width is kept, and the rows to erase are counted at
-    the terminal's width now. (A terminal that does not reflow, as xterm, loses as many rows of
-    earlier output from the screen instead, only when it narrows mid-reply.)"""
+class WordWrap:
+    """Streamed text as terminal lines broken at word boundaries. What `feed` returns can be
+    written at once; only the word still being written is held back until it ends (at a space,
+    a line end or a wide character, after which a line may break too), so that it can move to
+    the next line whole. `column` is where the written text ends. Control characters are
+    dropped: model text never moves the cursor."""
 
-    def __init__(self, console: Console, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._console = console
-        self._widths: list[int] = []
-        self._drawn_width = 0
+    def __init__(self) -> None:
+        self.column = 0
+        self.word = ""
+        self._word_cells = 0
+
+    def feed(self, text: str, width: int) -> str:
+        out: list[str] = []
+        for char in text:
+            if char == "\n":
+                out.append(self._place(width) + "\n")
+                self.column = 0
+            elif char in " \t":
+                out.append(self._place(width))
+                spaces = TAB_SIZE - self.column % TAB_SIZE if char == "\t" else 1
+                if self.column + spaces > width:  # the line is full: the space becomes its end
+                    out.append("\n")
+                    self.column = 0
+                else:
+                    out.append(" " * spaces)
+                    self.column += spaces
+            elif unicodedata.category(char) == "Cc":
+                continue
+            elif get_character_cell_size(char) > 1:  # CJK and the like break anywhere
+                out.append(self._place(width))
+                self._hold(char)
+                out.append(self._place(width))
+            else:
+                self._hold(char)
+                if self._word_cells >= width:  # a word as long as a line: break it here
+                    out.append(self._place(width))
+        return "".join(out)
+
+    def finish(self, width: int) -> str:
+        """The held word, and a line end if the text does not end with one."""
+        out = self._place(width)
+        if self.column:
+            out += "\n"
+            self.column = 0
+        return out
+
+    def narrowed_to(self, width: int) -> str:
+        """After the terminal changed width: a line end when the text's last line no longer fits
+        (a terminal that reflows has split it, one that does not has cut it, and may have put
+        the cursor on its last column: the text goes on under it in both), else nothing."""
+        if self.column > width:
+            self.column = 0
+            return "\n"
+        return ""
+
+    def _hold(self, char: str) -> None:
+        self.word += char
+        self._word_cells += get_character_cell_size(char)
+
+    def _place(self, width: int) -> str:
+        word, cells = self.word, self._word_cells
+        if not word:
+            return ""
+        self.word, self._word_cells = "", 0
+        out = ""
+        if self.column and self.column + cells > width:
+            out = "\n"
+            self.column = 0
+        while self.column + cells > width:  # longer than a line: hard breaks
+            cut, used = 0, 0
+            while cut < len(word) and used + get_character_cell_size(word[cut]) <= width:
+                used += get_character_cell_size(word[cut])
+                cut += 1
+            cut = max(cut, 1)
+            out += word[:cut] + "\n"
+            word, cells = word[cut:], cell_len(word[cut:])
+            self.column = 0
+        self.column += cells
+        return out + word
+
+
+# Sequences Rich has no Control for. As control segments Rich writes them as they are to a
+# terminal and leaves them out of a recording (the control field only marks them as such).
+ERASE_BELOW = "\x1b[J"  # from the cursor to the end of the screen
+SAVE_CURSOR, RESTORE_CURSOR = "\x1b7", "\x1b8"
+# Everything after the cursor: "erase below" from one cell on, then the rest of the cursor's row.
+# tmux scrolls the whole screen into its history when "erase below" starts at the top left
+# corner, where it puts the cursor when a narrowing pushed the text's line off the screen.
+ERASE = SAVE_CURSOR + "\x1b[C" + ERASE_BELOW + RESTORE_CURSOR + "\x1b[K"
+WRAP_OFF, WRAP_ON = "\x1b[?7l", "\x1b[?7h"
+INDEX = "\x1bD"  # the cursor one row down, scrolling at the bottom; the column kept
+
+
+def _codes(text: str) -> Segment:
+    return Segment(text, None, [(ControlType.BELL,)])
+
+
+class _Segments:
+    def __init__(self, segments: Iterable[Segment]) -> None:
+        self.segments = list(segments)
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        segments = list(super().__rich_console__(console, options))
-        self._widths = [Segment.get_line_length(line) for line in Segment.split_lines(segments)]
-        self._drawn_width = options.max_width
-        yield from segments
-
-    def rows_now(self) -> int:
-        """The rows the last render takes on the terminal as wide as it is now."""
-        if self._shape is None:
-            return 0
-        width = self._console.width
-        if width >= self._drawn_width or width < 1:
-            return self._shape[1]
-        return sum(max(1, -(-line // width)) for line in self._widths)
-
-    def position_cursor(self) -> Control:
-        return self._erasing(super().position_cursor)
-
-    def restore_cursor(self) -> Control:
-        return self._erasing(super().restore_cursor)
-
-    def _erasing(self, controls) -> Control:
-        if self._shape is None:
-            return controls()
-        shape = self._shape
-        self._shape = (shape[0], self.rows_now())
-        try:
-            return controls()
-        finally:
-            self._shape = shape
+        yield from self.segments
 
 
 class LiveView:
-    """Streamed text above a small panel for the latest step, redrawn by a background thread.
+    """Streamed text with a small panel for the latest step at the bottom of the screen,
+    redrawn by a background thread.
 
-    Finished lines are printed normally (they scroll up as ordinary terminal output); the line
-    being written and the panel live in a transient Rich `Live` region that is erased when the
-    reply ends, so the prompt and the live view never overlap.
+    The text is written once, as ordinary output, where the cursor stays between frames; the
+    panel is drawn below it with absolute moves and erased by "erase below the cursor". Nothing
+    counts rows drawn earlier, so a resize can't make a redraw miss the panel or erase earlier
+    output, whether the terminal reflows (tmux and most emulators: each line re-wrapped, the
+    cursor carried with its text) or not (xterm: lines cut). Lines of the panel leave the last
+    column free and are drawn with autowrap off, so a frame written just before the terminal
+    narrowed takes the rows it was drawn for.
+
+    Where the panel goes follows from what a reflowing terminal does when narrowing re-wraps
+    lines into more rows: tmux keeps the bottom of the screen where it is (blank rows below the
+    cursor too) and pushes the rows at the top into its scrollback, out of reach of any redraw.
+    A panel just under text near the top of the screen was left there (issue 43). So the panel
+    sits on the bottom rows, and is drawn only while the text's line has at least as many rows
+    above it as the panel has (the rows it gains when the width halves: what is pushed out is
+    then text, where it belongs). `cursor_position` asks the terminal where the cursor is, at
+    the start and after each resize (a reflow moves it, up or down, or to the top left corner
+    when it pushed the text's line out); None, or no answer: the panel is drawn anyway. The
+    panel is also left out until the size has not changed for `settle_seconds`, so a window
+    dragged narrower pays for one resize, not each.
     """
 
     def __init__(
@@ -311,20 +374,29 @@ class LiveView:
         stats: Callable[[], GenerationStats],
         mode: str = "path",
         refresh_per_second: float = REFRESH_PER_SECOND,
+        settle_seconds: float = RESIZE_SETTLE_SECONDS,
+        cursor_position: Callable[[], tuple[int, int] | None] | None = None,
     ) -> None:
         self.console = console
         self.labels = labels
         self.stats = stats
         self.mode = mode
         self.interval = 1.0 / refresh_per_second
+        self.settle_seconds = settle_seconds
         self.tree_lines = max(6, min(console.height - 8, 24))
         self._lock = threading.Lock()
         self._incoming: list[str] = []
         self._event: StepEvent | None = None
-        self._partial = ""
+        self._wrap = WordWrap()
+        # A terminal that takes no escape sequences (the legacy Windows console) gets the text only.
+        self._codes = not (console.legacy_windows or console.is_dumb_terminal)
+        self._size: tuple[int, int] | None = None
+        self._resized_at = float("-inf")
+        self._ask_position = cursor_position
+        self._row: int | None = None  # the text's last row on the screen, counted as it is written
+        self._panel_drawn = False
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
-        self._live: Live | None = None
 
     # Called by the decode loop: no terminal I/O here.
     def push(self, event: StepEvent, delta: str) -> None:
@@ -333,34 +405,76 @@ class LiveView:
                 self._incoming.append(delta)
             self._event = event
 
-    def _render(self):
+    def _panel_lines(self, width: int, height: int) -> list[list[Segment]]:
+        """The panel's lines at `width`; none when there is no room for them under the text."""
         with self._lock:
-            event, partial = self._event, self._partial
-        parts = [Text(partial, no_wrap=True, overflow="crop")] if partial else []
-        if event is not None:
-            parts.append(step_panel(event, self.stats(), self.labels, self.mode, self.tree_lines))
-        return Group(*parts)
+            event = self._event
+        if event is None or not self._codes:
+            return []
+        # At most half the screen, less a row: below the text's line with as many rows above it.
+        tree_lines = max(1, min(self.tree_lines, (height - 1) // 2 - 2))
+        panel = step_panel(event, self.stats(), self.labels, self.mode, tree_lines)
+        lines = self.console.render_lines(panel, self.console.options.update(width=width, height=None), pad=False)
+        room = height - 1 if self._row is None else min(height - 1, self._row)
+        return lines if len(lines) <= room else []
 
-    def _take_lines(self) -> list[str]:
-        """Move finished (and over-wide) lines out of the buffer."""
+    def frame(self, final: bool = False) -> list[Segment]:
+        """What one redraw writes: the old panel erased, the new text, the panel under it (none when final)."""
         with self._lock:
-            text = self._partial + "".join(self._incoming)
+            text = "".join(self._incoming)
             self._incoming.clear()
-        *lines, partial = text.split("\n")
-        width = max(self.console.width - 1, 10)
-        while cell_len(partial) > width:
-            cut = split_at_width(partial, width)
-            lines.append(partial[:cut].rstrip(" "))
-            partial = partial[cut:]
-        with self._lock:
-            self._partial = partial
-        return lines
+        width, height = self.console.width, self.console.height
+        usable = max(width - 1, 1)
+        segments = []
+        line_end = ""
+        resized = self._size is not None and (width, height) != self._size
+        position = None
+        if self._size is None or resized:
+            # Asked before this frame writes anything: the cursor is at the end of the text.
+            position = self._ask_position() if self._ask_position is not None else None
+            self._row = None if position is None else position[0]
+        if resized:
+            self._resized_at = time.monotonic()
+            if position is not None:  # the terminal's word: re-wrapped (tmux), cut (xterm), or pushed out
+                self._wrap.column = position[1]
+            line_end = self._wrap.narrowed_to(usable - 1 if position is not None else usable)
+            if line_end:
+                segments.append(Segment(line_end))
+                position = None
+                if self._row is not None:
+                    self._row = min(height - 1, self._row + 1)
+        self._size = (width, height)
+        if self._codes:
+            segments.append(_codes(ERASE))
+        out = self._wrap.feed(text, usable)
+        if final:
+            out += self._wrap.finish(usable)
+        if out:
+            segments.append(Segment(out))
+        if self._row is not None:
+            self._row = min(height - 1, self._row + out.count("\n"))
+        settled = time.monotonic() - self._resized_at >= self.settle_seconds
+        lines = self._panel_lines(usable, height) if settled and not final else []
+        if lines:
+            rows = len(lines)
+            # Room for the panel under the text (scrolling it up if need be), then the panel
+            # on the bottom rows and the cursor back at the end of the text.
+            segments.append(_codes(INDEX * rows + f"\x1b[{rows}A" + SAVE_CURSOR + WRAP_OFF))
+            for row, line in enumerate(lines, start=height - rows + 1):
+                segments.append(_codes(f"\x1b[{row};1H"))
+                segments.extend(line)
+            segments.append(_codes(WRAP_ON + RESTORE_CURSOR))
+            self._panel_drawn = True
+            if self._row is not None:
+                self._row = min(self._row, height - 1 - rows)
+        return segments
+
+    def _write(self, segments: list[Segment]) -> None:
+        if segments:
+            self.console.print(_Segments(segments), end="", soft_wrap=True, crop=False)
 
     def _tick(self) -> None:
-        lines = self._take_lines()
-        if lines:
-            self.console.print(Text("\n".join(lines)), soft_wrap=True)
-        self._live.refresh()
+        self._write(self.frame())
 
     def _run(self) -> None:
         while not self._done.wait(self.interval):
@@ -370,20 +484,7 @@ class LiveView:
                 pass
 
     def __enter__(self) -> LiveView:
-        self._live = Live(
-            console=self.console,
-            get_renderable=self._render,
-            auto_refresh=False,
-            transient=True,
-            redirect_stdout=False,
-            redirect_stderr=False,
-            vertical_overflow="crop",
-        )
-        # Rich's own region object, replaced before the first draw (Live has no hook for it).
-        self._live._live_render = _ReflowingRender(
-            self.console, self._live._live_render.renderable, vertical_overflow="crop"
-        )
-        self._live.start()
+        self.console.show_cursor(False)
         self._thread = threading.Thread(target=self._run, name="tr-live-view", daemon=True)
         self._thread.start()
         return self
@@ -393,10 +494,8 @@ class LiveView:
         if self._thread is not None:
             self._thread.join()
         try:
-            lines = self._take_lines()
-            if lines:
-                self.console.print(Text("\n".join(lines)), soft_wrap=True)
+            if not self._panel_drawn:  # a reply over before the first redraw: its last step still shows
+                self._write(self.frame())
+            self._write(self.frame(final=True))
         finally:
-            self._live.stop()
-        if self._partial:
-            self.console.print(Text(self._partial), soft_wrap=True)
+            self.console.show_cursor(True)
