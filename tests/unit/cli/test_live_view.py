@@ -278,7 +278,7 @@ def stream_in_tmux(tmp_path, screen: str, earlier: int, settle: float) -> tuple[
     """Run live_view_in_tmux.py in a tmux pane on a server of its own; the pane's whole text with
     its scrollback, and how many words were streamed."""
     done = tmp_path / "done"
-    server = ["tmux", "-L", f"tr-test-{os.getpid()}-{screen}-{earlier}", "-f", os.devnull]
+    server = ["tmux", "-S", str(tmp_path / "tmux"), "-f", os.devnull]  # its socket goes with tmp_path
     # COLUMNS and LINES would pin Rich's size (the test runner may set them): the pane's is wanted.
     script = Path(__file__).with_name("live_view_in_tmux.py")
     command = f"env -u COLUMNS -u LINES {sys.executable} {script} {ROOT} {done} {screen} {earlier} {settle}"
