@@ -1012,15 +1012,24 @@ def test_a_json_schema_reply_is_constrained_generates_streamed_or_not(engine, se
     )
     assert whole.choices[0].message.content == want
     assert whole.choices[0].finish_reason == "stop"  # the object closed, then only EOS was allowed
+    # usage counts what the client got: the reply's tokens, not the end of turn the grammar forced.
+    assert tokens[-1] == engine.loaded.eos_token_ids[0]
+    assert whole.usage.completion_tokens == len(tokens) - 1
     city = json.loads(want)
     assert set(city) == set(CITY["properties"]) and city["country"] in ("France", "Italy", "Japan")
     engine.decoder.reset()
-    streamed, _ = stream_text(
+    streamed, chunks = stream_text(
         api.chat.completions.create(
-            model=NAME, messages=messages, max_tokens=60, temperature=0, response_format=response_format, stream=True
+            model=NAME,
+            messages=messages,
+            max_tokens=60,
+            temperature=0,
+            response_format=response_format,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
-    assert streamed == want
+    assert streamed == want and chunks[-1].usage.completion_tokens == len(tokens) - 1
     # The text completions endpoint takes the same field.
     text = api.completions.create(
         model=NAME, prompt="City:", max_tokens=60, temperature=0, extra_body={"response_format": response_format}
@@ -1428,6 +1437,34 @@ def test_a_tool_call_cut_by_max_tokens_is_the_call_so_far_with_length(server):
         )
         assert reason == "length" and content == "" and [c["name"] for c in calls] == ["get_weather"]
         assert calls[0]["arguments"] == call.function.arguments
+
+
+@pytest.mark.parametrize("which", ["generic", "hermes"])
+def test_a_call_cut_at_any_length_has_the_start_of_the_whole_calls_arguments(which, engine, hermes_engine):
+    """Cut by max_tokens anywhere: no content, and once the name is whole a call whose arguments
+    begin the whole call's (on Qwen2.5, max_tokens 12 gave the arguments ', "arguments":')."""
+    served = engine if which == "generic" else hermes_engine
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with running(served) as server:
+        api = client(server)
+
+        def ask(max_tokens: int):
+            return api.chat.completions.create(
+                model=NAME, messages=messages, tools=[WEATHER_TOOL], tool_choice=named, max_tokens=max_tokens
+            )
+
+        whole = ask(80)
+        assert whole.choices[0].finish_reason == "tool_calls"
+        arguments = whole.choices[0].message.tool_calls[0].function.arguments
+        check_weather_call(whole.choices[0].message.tool_calls[0])
+        cuts = [ask(max_tokens).choices[0] for max_tokens in range(1, whole.usage.completion_tokens)]
+    for max_tokens, choice in enumerate(cuts, 1):
+        assert choice.finish_reason == "length" and not choice.message.content, (max_tokens, choice)
+        for call in choice.message.tool_calls or ():
+            assert call.function.name == "get_weather", (max_tokens, call)
+            assert arguments.startswith(call.function.arguments), (max_tokens, call.function.arguments, arguments)
+    assert cuts[-1].message.tool_calls and cuts[-1].message.tool_calls[0].function.arguments == arguments
 
 
 @pytest.mark.parametrize("which", ["generic", "hermes"])

@@ -190,15 +190,35 @@ class ToolFormat(ABC):
         return self.parse(text, tools)
 
 
-_CUT_CALL = re.compile(r'\s*\{"name": "((?:[^"\\]|\\.)*)"(?:, "(?:arguments|parameters)": )?(.*)', re.DOTALL)
+_CUT_CALL = re.compile(r'\s*\{"name": "((?:[^"\\]|\\.)*)"(.*)', re.DOTALL)
+_ARGUMENTS_KEYS = (', "arguments": ', ', "parameters": ')
 
 
-def _cut_call(text: str) -> list[ToolCall]:
-    """The call a cut `{"name": ..., "arguments": ...` begins; none before its name is whole."""
+def _cut_call(text: str, tools: list[Tool]) -> list[ToolCall]:
+    """The call a cut `{"name": ..., "arguments": ...` begins; none before its name is whole (nor
+    one whose name is no tool's, nor text shaped otherwise: an answer with a "name" field). Its
+    arguments are their JSON text as far as it got: empty while the cut is inside the key before
+    them, without a character whose bytes were cut, and without what follows them once they are
+    whole (the call's `}`, a closing tag)."""
     match = _CUT_CALL.match(text)
-    if match is None:
+    try:
+        name = json.loads(f'"{match[1]}"') if match else None
+    except ValueError:
         return []
-    return [ToolCall(new_call_id(), json.loads(f'"{match[1]}"'), match[2])]
+    if name not in {tool.name for tool in tools}:
+        return []
+    rest = match[2]
+    for key in _ARGUMENTS_KEYS:
+        if key.startswith(rest):
+            return [ToolCall(new_call_id(), name, "")]
+        if rest.startswith(key):
+            arguments = rest[len(key) :]
+            try:
+                end = json.JSONDecoder().raw_decode(arguments)[1]
+            except ValueError:  # cut inside them; a character cut in its bytes decodes as U+FFFD: not yet written
+                end = len(arguments.rstrip("\ufffd"))
+            return [ToolCall(new_call_id(), name, arguments[:end])]
+    return []
 
 
 def _only(key: str, value: dict) -> dict:
@@ -298,7 +318,7 @@ class GenericFormat(ToolFormat):
     def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
         stripped = text.lstrip()
         if stripped.startswith('{"tool_call": '):
-            return None, _cut_call(stripped[len('{"tool_call": ') :])
+            return None, _cut_call(stripped[len('{"tool_call": ') :], tools)
         if stripped.startswith('{"response": "'):
             return _partial_string(stripped[len('{"response": "') :]), []
         if stripped.startswith("{"):
@@ -411,7 +431,7 @@ class HermesFormat(ToolFormat):
         if not _ or "</tool_call>" in cut:
             return self.parse(text, tools)
         content, calls = self.parse(whole, tools) if whole.strip() else (None, [])
-        return content, calls + _cut_call(cut)
+        return content, calls + _cut_call(cut, tools)
 
 
 class Llama3Format(ToolFormat):
@@ -447,7 +467,7 @@ class Llama3Format(ToolFormat):
         return text, []
 
     def parse_cut(self, text: str, tools: list[Tool]) -> tuple[str | None, list[ToolCall]]:
-        calls = _cut_call(text)
+        calls = _cut_call(text, tools)
         return (None, calls) if calls else self.parse(text, tools)
 
 

@@ -196,3 +196,37 @@ def test_a_call_cut_by_max_tokens_reads_as_the_call_so_far_never_the_wrapper():
     assert hermes.parse_cut("Just text", TOOLS) == ("Just text", [])
     (call,) = Llama3Format().parse_cut('{"name": "get_time", "parameters": {"x', TOOLS)[1]
     assert (call.name, call.arguments) == ("get_time", '{"x')
+
+
+@pytest.mark.parametrize("fmt", [GenericFormat(), HermesFormat(), Llama3Format()], ids=lambda fmt: fmt.name)
+def test_a_cut_calls_arguments_are_a_prefix_of_what_the_whole_call_says(fmt):
+    """Cut anywhere after the name: the arguments are a prefix of the whole call's arguments text
+    (empty while the key before them is cut; never the key's pieces, nor the `}` or tag after them)."""
+    arguments = '{"city": "Paris"}'
+    field = "parameters" if isinstance(fmt, Llama3Format) else "arguments"
+    call = f'{{"name": "get_weather", "{field}": {arguments}}}'
+    whole = {
+        "generic": f'{{"tool_call": {call}}}',
+        "hermes": f"<tool_call>\n{call}\n</tool_call>",
+        "llama3": call,
+    }[fmt.name]
+    start = whole.index('"get_weather"') + len('"get_weather"')
+    for end in range(start, len(whole)):
+        content, calls = fmt.parse_cut(whole[:end], TOOLS)
+        assert content is None and [c.name for c in calls] == ["get_weather"], whole[:end]
+        assert arguments.startswith(calls[0].arguments), (whole[:end], calls[0].arguments)
+        if end >= whole.index(arguments) + len(arguments):
+            assert calls[0].arguments == arguments, whole[:end]
+
+
+def test_a_character_cut_in_its_bytes_is_not_part_of_a_cut_calls_arguments():
+    """The tokens of a character cut by max_tokens decode to U+FFFD: not what the model wrote."""
+    cut = '{"tool_call": {"name": "get_weather", "arguments": {"city": "Helsinki \ufffd'
+    assert GenericFormat().parse_cut(cut, TOOLS)[1][0].arguments == '{"city": "Helsinki '
+
+
+def test_a_cut_answer_with_a_name_field_is_no_call():
+    """An answer held to response_format whose first field is "name" (Llama 3's calls look alike)."""
+    text = '{"name": "Paris", "population": 21'
+    assert Llama3Format().parse_cut(text, TOOLS) == (text, [])
+    assert Llama3Format().parse_cut('{"name": "get_weather", "other": 1', TOOLS)[1] == []
