@@ -291,3 +291,28 @@ def test_a_model_answers_to_its_argument_path_file_name_and_gguf_name(tmp_path):
     names = model_aliases(str(path), path, "Qwen2.5 Coder 0.5B Instruct")
     assert {str(path), path.name, "qwen2.5-coder-0.5b-instruct", "Qwen2.5 Coder 0.5B Instruct"} <= names
     assert model_aliases("smollm2", None) == {"smollm2"}
+
+
+def test_the_gguf_name_tr_serve_answers_to_is_read_from_the_files_general_name(tmp_path):
+    """tr serve's alias from the file (cli/serve.py): its general.name; none from a file without
+    one, one that is no GGUF, or a checkpoint directory."""
+    import gguf
+
+    from tr_cli.cli.serve import _general_name
+    from tr_cli.models.resolve import ModelSource
+
+    def written(name: str, general_name: str | None) -> ModelSource:
+        writer = gguf.GGUFWriter(str(tmp_path / name), "llama")
+        if general_name is not None:
+            writer.add_name(general_name)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return ModelSource("gguf", name, tmp_path / name)
+
+    assert _general_name(written("named.gguf", "Qwen2.5 Coder 0.5B Instruct")) == "Qwen2.5 Coder 0.5B Instruct"
+    assert _general_name(written("nameless.gguf", None)) is None
+    (tmp_path / "not.gguf").write_bytes(b"not a GGUF")
+    assert _general_name(ModelSource("gguf", "not.gguf", tmp_path / "not.gguf")) is None
+    assert _general_name(ModelSource("directory", "model", tmp_path)) is None
