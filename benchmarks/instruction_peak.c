@@ -2,8 +2,10 @@
 // tight loop of the instruction alone (independent accumulators, operands in registers/tiles):
 // AVX2 vpmaddubsw + vpmaddwd + vpaddd, AVX512-VNNI vpdpbusd (ymm and zmm), AMX tdpbssd on the tile
 // shapes quantized_matmul.cpp uses (rows x one group of 32 x 8 columns) and the full 16x64x16.
-// Built and run by benchmarks/kernel_rows.py: cc -O2 -mavx2 -mavx512f -mavx512vl -mavx512vnni
-// -mamx-tile -mamx-int8; prints one "name GMAC/s" line per mix, the best of 7 runs.
+// Built and run by benchmarks/kernel_rows.py: cc -O2; each mix is compiled for its own instruction set
+// (target attributes) and run only where the CPU has it (built with every -m flag at once, the
+// compiler put AVX-512 instructions into the AVX2 code too: SIGILL on AVX2-only EPYCs). Prints one
+// "name GMAC/s" line per mix, the best of 7 runs.
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,7 +44,7 @@ static double now(void) {
 
 static const long kLoops = 4000000;
 
-static double avx2_mix(void) {
+__attribute__((target("avx2"))) static double avx2_mix(void) {
   const __m256i x = _mm256_set1_epi32(0x01010101), one = _mm256_set1_epi16(1);
   DECLARE12(__m256i, _mm256_setzero_si256());
   double rate;
@@ -56,7 +58,7 @@ static double avx2_mix(void) {
   return rate;
 }
 
-static double vnni_ymm(void) {
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static double vnni_ymm(void) {
   const __m256i x = _mm256_set1_epi32(0x01010101), y = _mm256_set1_epi32(0x02020202);
   DECLARE12(__m256i, _mm256_setzero_si256());
   double rate;
@@ -69,7 +71,7 @@ static double vnni_ymm(void) {
   return rate;
 }
 
-static double vnni_zmm(void) {
+__attribute__((target("avx2,avx512f,avx512vl,avx512vnni"))) static double vnni_zmm(void) {
   const __m512i x = _mm512_set1_epi32(0x01010101), y = _mm512_set1_epi32(0x02020202);
   DECLARE12(__m512i, _mm512_setzero_si512());
   double rate;
@@ -91,7 +93,7 @@ struct tile_config {
 static int8_t tile_a[16 * 64] __attribute__((aligned(64))), tile_b[16 * 64] __attribute__((aligned(64)));
 
 // Four independent sums (tiles 0-3) of an A tile rows x k bytes times a B tile k/4 x 4n bytes.
-static double amx(int rows, int k, int n) {
+__attribute__((target("amx-tile,amx-int8"))) static double amx(int rows, int k, int n) {
   struct tile_config c;
   memset(&c, 0, sizeof c);
   c.palette = 1;
@@ -118,9 +120,10 @@ static double amx(int rows, int k, int n) {
 
 int main(void) {
   printf("avx2_maddubs %.1f\n", avx2_mix());
+  if (!__builtin_cpu_supports("avx512vnni")) return 0;
   printf("vnni_ymm %.1f\n", vnni_ymm());
   printf("vnni_zmm %.1f\n", vnni_zmm());
-  if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) return 0;  // no AMX tiles granted here
+  if (!__builtin_cpu_supports("amx-int8") || syscall(SYS_arch_prctl, 0x1023, 18) != 0) return 0;  // no AMX tiles granted here
   const int rows[] = {1, 2, 4, 8, 16};
   for (int i = 0; i < 5; ++i) printf("amx_%dx32x8 %.1f\n", rows[i], amx(rows[i], 32, 8));
   printf("amx_16x64x16 %.1f\n", amx(16, 64, 16));

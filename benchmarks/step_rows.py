@@ -3,11 +3,12 @@ build (TR_KERNELS=avx2 / vnni / the widest, AMX where the CPU has it) and thread
 as `tr` loads it by default (auto weights: a GGUF runs on tr's int4/int8 kernels).
 
 Each build in a process of its own; the sizes measured round-robin (calibration's own
-`measure_cost`: N tokens over a 256-token cache), the fastest of --repeats rounds per size, and
+`measure_cost`: N tokens over a 256-token cache, each size's median ratio to t(1) over --repeats), and
 t(N)/t(1) printed beside. On a shared machine the single-thread figures are the trustworthy ones,
 in thread CPU time (--cpu-time --threads 1) most of all.
 
     python benchmarks/step_rows.py [MODEL] [--builds avx2,vnni,amx] [--threads 1,2] [--repeats 7]
+        [--weights auto|int4|int8]
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
-def child(model_arg: str | None, threads: list[int], repeats: int, cpu_time: bool) -> dict:
+def child(model_arg: str | None, threads: list[int], repeats: int, cpu_time: bool, weights: str = "auto") -> dict:
     import torch
 
     from tr_cli.core import TokenRecyclingDecoder
@@ -36,7 +37,7 @@ def child(model_arg: str | None, threads: list[int], repeats: int, cpu_time: boo
         from tr_cli.core.design import cost_model
 
         cost_model.time = type("ThreadClock", (), {"perf_counter": staticmethod(time.thread_time)})
-    runtime = Runtime.resolve("auto", "auto", "auto", resolve_model(model_arg).stored_as)
+    runtime = Runtime.resolve("auto", "auto", weights, resolve_model(model_arg).stored_as)
     loaded = load_model(model_arg, runtime, cache=cache_dir())
     decoder = TokenRecyclingDecoder(loaded.model)
     out = {"model": loaded.model_id, "weights": loaded.runtime.weights.name, "build": native_kernels.instruction_set()}
@@ -53,12 +54,13 @@ def main() -> None:
     parser.add_argument("--builds", default="avx2,vnni,amx")
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--weights", default="auto", help="tr's weights mode (auto: what `tr` picks; int4, int8...)")
     parser.add_argument("--cpu-time", action="store_true", help="time in this thread's CPU time (one thread only)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     threads = [int(t) for t in args.threads.split(",")]
     if args.child:
-        print(json.dumps(child(args.model, threads, args.repeats, args.cpu_time)))
+        print(json.dumps(child(args.model, threads, args.repeats, args.cpu_time, args.weights)))
         return
     for build in args.builds.split(","):
         env = {k: v for k, v in os.environ.items() if k != "TR_KERNELS"}

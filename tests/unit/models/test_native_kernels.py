@@ -19,7 +19,7 @@ from tr_cli.core.tree import PRESETS
 from tr_cli.core.verify import ROW_TOPK
 from tr_cli.models import native_kernels
 from tr_cli.models.cpu import cpu_flags
-from tr_cli.models.weights import Q4Linear, Q8Linear, quantize, weights_mode
+from tr_cli.models.weights import Q4Linear, Q8Linear, _column_blocks, _column_values, quantize, weights_mode
 from tr_cli.models.weights_mode import WeightsMode
 
 from tiny_models import ARCHITECTURES, EOS, random_prompt, reference, tiny_model
@@ -78,6 +78,42 @@ def test_each_row_is_computed_alone(kind):
         assert torch.equal(layer(x[3 : 3 + rows]), together[3 : 3 + rows])
     views = layer.rows(96, 232)  # a fused layer's sibling: a row view of its weights
     assert torch.equal(views(x), together[:, 96:232])
+
+
+def int8_layer(levels: torch.Tensor, steps: torch.Tensor) -> Q8Linear:
+    """A layer on tr's int8 kernels holding exactly these levels (out, in) and steps (out, in / 32)."""
+    outputs, inputs = levels.shape
+    buffers = {
+        "levels": _column_blocks(levels.to(torch.int8).reshape(outputs, inputs // 32, 32), 32),
+        "steps": _column_values(steps.half()),
+    }
+    return Q8Linear(inputs, outputs, None, buffers)
+
+
+@pytest.mark.parametrize("widest", [15, 16, 17, 31, 32, 33, 64, 65, 127, 128])
+def test_narrow_int8_levels_add_up_exactly(widest):
+    """Levels of fewer bits (GGUF's Q5_0, -16..15; Q6_K's ~6 bits) let the AVX2 kernel add several
+    products in int16 before widening them; every block's widest level decides how many. At the
+    limits (every level at its widest, activations at +-127 with the weights' signs, so that each
+    int16 sum is as large as it gets) a row among others must still give its bits alone, where it
+    takes the one-product-at-a-time path, and the exact sums. One group past the limit, in the last
+    group of one block only, must send that block back to the wide path."""
+    torch.manual_seed(widest)
+    outputs, inputs = 48, 4864  # 152 groups: a down projection's inputs
+    low = -128 if widest == 128 else -widest
+    high = min(widest, 127)
+    levels = torch.randint(low, high + 1, (outputs, inputs))
+    levels[:8] = torch.where(torch.rand(8, inputs) < 0.5, low, high)  # one block all at the extremes
+    levels[16:24, -32:] = torch.randint(-127, 128, (8, 32))  # a wide last group in one block
+    layer = int8_layer(levels, torch.rand(outputs, inputs // 32) * 0.01 + 1e-3)
+    x = torch.randn(9, inputs)
+    x[:4] = torch.sign(levels[:4].float()) * 2.0  # rows whose products all share the weights' sign
+    x[4] = -x[0]
+    together = layer(x)
+    for row in range(9):
+        assert torch.equal(layer(x[row : row + 1]), together[row : row + 1])
+    want = expected(x, layer)
+    assert torch.allclose(together.double(), want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
 
 
 def test_row_views_take_whole_column_blocks():
