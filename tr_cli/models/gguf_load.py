@@ -3,7 +3,8 @@
 The model is built from the GGUF's config on the meta device (no memory), then each of its tensors
 is put in from the file (gguf_tensors.py): on tr's kernels the matmul weights go from their ggml
 blocks straight into the kernels' buffers (quantize's `sources`), the token embedding stays
-quantized (quantized_embedding.py; a tied head is the layer over the same buffers), norms and biases
+quantized (tied: quantized_embedding.py, the head's layer over the same buffers; untied: read from
+the file where it lies, file_embedding.py), norms and biases
 are float32; any other run (dense weights, bfloat16, a GPU) takes every tensor dequantized in its
 dtype, one at a time, and quantizes as for a checkpoint. Buffers the model computes (the rotary
 frequencies) are computed as transformers' own loading computes them. transformers' GGUF
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import ModelError
+from .file_embedding import FileEmbedding
 from .gguf_blocks import readable, type_name
 from .gguf_header import read_header
 from .gguf_tensors import GGUFFile, GGUFWeight, vector
@@ -188,8 +190,15 @@ def _fill(model: nn.Module, file: GGUFFile, names: _Names, path: Path, dtype: to
             weight = _FloatWeight(weight, names) if order is False else GGUFWeight(file, tensor, order)
             if kind is None:
                 _set(model, name, weight.dense(dtype))
-            elif owner is embeddings and weight.stored is not None and type(owner) is nn.Embedding:
+            elif owner is embeddings and weight.stored is not None and type(owner) is nn.Embedding and not tied:
                 # (a subclass, as Gemma's scaled embedding, computes more than a lookup: kept dense)
+                if order is not None:  # never seen: an embedding whose rows the processor changes
+                    _set(model, name, weight.dense(dtype))
+                    continue
+                parent, _, child = owner_name.rpartition(".")
+                lookup = FileEmbedding(file.path, file.header.data_start, tensor, owner.padding_idx)
+                setattr(model.get_submodule(parent), child, lookup)
+            elif owner is embeddings and weight.stored is not None and type(owner) is nn.Embedding:
                 layer = _stored_kind(kind, weight.stored, head=True).from_source(weight, *want, None)
                 parent, _, child = owner_name.rpartition(".")
                 setattr(model.get_submodule(parent), child, QuantizedEmbedding(layer, owner.padding_idx))

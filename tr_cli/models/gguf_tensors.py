@@ -29,7 +29,7 @@ class GGUFFile:
     written): `raw` slices, `release` drops pages already read."""
 
     def __init__(self, path: Path, header: GGUFHeader) -> None:
-        self.header = header
+        self.path, self.header = path, header
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)

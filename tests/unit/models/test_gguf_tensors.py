@@ -26,6 +26,7 @@ from transformers import (
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
 from tr_cli.errors import ModelError
 from tr_cli.models import Runtime, load_model, native_kernels
+from tr_cli.models.file_embedding import FileEmbedding
 from tr_cli.models.gguf_cache import MANIFEST, gguf_side_files
 from tr_cli.models.gguf_header import read_header
 from tr_cli.models.gguf_tensors import GGUFFile, GGUFWeight
@@ -148,8 +149,10 @@ def test_a_gguf_on_tr_kernels_is_lossless_against_generate(tmp_path, tr_kernels,
     path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny(arch, tied), types)
     model = loaded(path, weights, tmp_path / "cache")
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
-    assert isinstance(embedding, QuantizedEmbedding)
-    assert (head.levels.data_ptr() == embedding.levels.data_ptr()) == tied  # a tied head: no second copy
+    if tied:  # the head's buffers: no second copy
+        assert isinstance(embedding, QuantizedEmbedding) and head.levels.data_ptr() == embedding.levels.data_ptr()
+    else:  # read from the file where it lies, nothing of its own in memory
+        assert isinstance(embedding, FileEmbedding) and not list(embedding.parameters())
     assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     decoder = TokenRecyclingDecoder(model)
     for seed, (length, budget) in enumerate([(5, 12), (20, 30)]):
@@ -297,3 +300,19 @@ def test_a_quantized_embeddings_rows_are_the_files_rows(tmp_path, tr_kernels, gg
     embedding = QuantizedEmbedding(kind.from_source(weight, 40, 64, None))
     ids = torch.tensor([[3, 0, 39, 3], [17, 8, 9, 31]])
     assert torch.equal(embedding(ids), torch.from_numpy(values)[ids])
+
+
+@pytest.mark.parametrize("ggml_type", [T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.F16])
+def test_an_untied_embedding_read_from_the_file_gives_the_files_rows(tmp_path, ggml_type):
+    """Rows looked up in the file's own blocks are gguf's dequantized rows exactly, for any type
+    (k-quants included: nothing folded or rounded), in the ids' shape; an id past the vocabulary
+    is refused as nn.Embedding refuses it, never read past the tensor."""
+    weight, values = one_tensor_file(tmp_path, ggml_type, rows=40, columns=256)
+    embedding = FileEmbedding(weight.file.path, weight.file.header.data_start, weight.tensor)
+    ids = torch.tensor([[3, 0, 39, 3], [17, 8, 9, 31]])
+    assert embedding.num_embeddings == 40 and embedding.embedding_dim == 256
+    assert torch.equal(embedding(ids), torch.from_numpy(values)[ids])
+    assert embedding(torch.zeros(1, 0, dtype=torch.long)).shape == (1, 0, 256)
+    for bad in (40, -1):
+        with pytest.raises(IndexError, match="out of range"):
+            embedding(torch.tensor([[1, bad]]))
