@@ -94,3 +94,28 @@ def test_the_script_never_writes_html():
     script = web_assets()["app.js"][0].decode("utf-8")
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function"):
         assert sink not in script, sink
+
+
+class NumberFields(HTMLParser):
+    """The page's number inputs: id -> their attributes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: dict[str, dict] = {}
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        if tag == "input" and attributes.get("type") == "number":
+            self.fields[attributes["id"]] = attributes
+
+
+def test_a_setting_takes_any_value_in_its_range():
+    """The page sends a setting only when its field is valid; a step other than "any" made usual
+    values invalid (repetition penalty 1.1 with min 0.01 and step 0.05, temperature 0.75 with step
+    0.1), which were then silently left out of the request. Whole numbers stay whole."""
+    fields = NumberFields()
+    fields.feed(web_assets()["index.html"][0].decode("utf-8"))
+    assert set(fields.fields) == {"temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "seed"}
+    whole = {"top_k", "max_tokens", "seed"}
+    for name, attributes in fields.fields.items():
+        assert attributes.get("step") == ("1" if name in whole else "any"), name

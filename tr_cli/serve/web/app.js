@@ -40,6 +40,7 @@
     return node;
   }
   const fmt = (value, digits) => (Number.isFinite(value) ? value.toFixed(digits) : '–');
+  const plural = (count, word) => `${word}${count === 1 ? '' : 's'}`;
   const visible = (text) => {
     if (text === '') return '∅';
     if (/^\s+$/.test(text)) return [...text].map((c) => VISIBLE[c] || c).join('');
@@ -294,11 +295,11 @@
     if (!tr) return null;
     const parts = [];
     const tokens = message.usage?.completion_tokens;
-    if (tokens !== undefined) parts.push(['', `${tokens} tokens`]);
-    parts.push(['MAT ', fmt(tr.mean_accepted_tokens, 2)], ['', `${fmt(tr.tokens_per_second, 1)} tok/s`], ['', `${tr.steps} steps`]);
+    if (tokens !== undefined) parts.push(['', `${tokens} ${plural(tokens, 'token')}`]);
+    parts.push(['MAT ', fmt(tr.mean_accepted_tokens, 2)], ['', `${fmt(tr.tokens_per_second, 1)} tok/s`], ['', `${tr.steps} ${plural(tr.steps, 'step')}`]);
     if (tr.prefill_tokens !== undefined) {
       const reused = tr.prompt_tokens_reused ? ` (${tr.prompt_tokens_reused} reused)` : '';
-      parts.push(['', `prefill ${tr.prefill_tokens} tokens${reused}`]);
+      parts.push(['', `prefill ${tr.prefill_tokens} ${plural(tr.prefill_tokens, 'token')}${reused}`]);
     }
     const line = el('div', { class: 'stats' });
     parts.forEach(([label, value], n) => {
@@ -347,7 +348,8 @@
       const decoding = steps.filter((s) => s.index > 0).length;
       this.summary.replaceChildren(el('span', { class: 'label', text: 'Draft view' }));
       const live = el('span', { class: 'live' });
-      live.append(el('b', { text: String(decoding) }), ' steps · ', el('b', { text: `${drafts}/${tokens}` }), ' tokens drafted');
+      live.append(el('b', { text: String(decoding) }), ` ${plural(decoding, 'step')} · `, el('b', { text: `${drafts}/${tokens}` }),
+        ` ${plural(tokens, 'token')} drafted`);
       if (last) {
         live.append(' · MAT ', el('b', { text: fmt(last.mean_accepted_tokens, 2) }),
           ' · ', el('b', { text: fmt(last.tokens_per_second, 1) }), ' tok/s');
@@ -364,7 +366,7 @@
     }
 
     stepChip(step) {
-      const label = step.index === 0 ? 'prefill, first token' : `step ${step.index}, ${step.accepted.length} drafted tokens accepted`;
+      const label = step.index === 0 ? 'prefill, first token' : `step ${step.index}, ${step.accepted.length} drafted ${plural(step.accepted.length, 'token')} accepted`;
       // One tab stop for the whole strip (the chosen step); arrows move between steps.
       const chip = el('button', { type: 'button', class: 'step', role: 'listitem', 'aria-label': label, tabindex: '-1' });
       for (const token of step.accepted) {
