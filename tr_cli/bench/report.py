@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import platform
 import tempfile
@@ -151,7 +152,10 @@ def _value(entry: dict, field: str, kind: str, where: str, nullable: bool = True
             raise ReportProblem(f"{where}.{field}: expected {kind}, got null")
         return
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not number or (kind == _COUNT and not isinstance(value, int)):
+    # Python's json reads NaN and Infinity, which tr bench never writes: the bars and the plot
+    # cannot scale by them.
+    finite = number and (isinstance(value, int) or math.isfinite(value))
+    if not finite or (kind == _COUNT and not isinstance(value, int)):
         raise ReportProblem(f"{where}.{field}: expected {kind}, got {_kind(value)}")
 
 
@@ -159,6 +163,8 @@ def _kind(value: object) -> str:
     names = {bool: "true/false", str: "text", list: "a list", dict: "a JSON object", float: "a fraction"}
     if value is None:
         return "null"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"  # as JSON spells them
     shown = f" ({value[:40]!r})" if isinstance(value, str) else ""
     return names.get(type(value), type(value).__name__) + shown
 

@@ -157,6 +157,10 @@ def _broken(how: str) -> dict:
         report["methods"]["tr"]["prompts"] = 2.5
     elif how == "tokens per step keyed by words":
         report["methods"]["tr"]["tokens_per_step"] = {"one": 3}
+    elif how == "NaN for a number":  # json writes and reads NaN: the bars crashed on it ('unexpected ValueError')
+        report["methods"]["tr"]["tokens_per_second"] = float("nan")
+    elif how == "Infinity for a number":
+        report["categories"]["qa"]["tr"]["speedup"] = float("inf")
     return report
 
 
@@ -170,6 +174,8 @@ CASES = {
     "a category without a method": "categories.rag: lacks pld",
     "a count that is a fraction": "methods.tr.prompts: expected a whole number, got a fraction",
     "tokens per step keyed by words": "methods.tr.tokens_per_step: 'one' is not a count of tokens",
+    "NaN for a number": "methods.tr.tokens_per_second: expected a number, got NaN",
+    "Infinity for a number": "categories.qa.tr.speedup: expected a number, got Infinity",
 }
 
 
