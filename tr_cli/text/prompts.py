@@ -38,6 +38,11 @@ def _parse_jsonl(text: str, where: str) -> list[PromptRecord]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise UserError(f"{where}:{number}: not valid JSON ({exc.msg}); write one JSON object per line") from None
+        except RecursionError:  # the decoder recurses once per level: "[" * 100000 exhausts the stack
+            raise UserError(f"{where}:{number}: nested too deeply to read; write one JSON object per line") from None
+        except ValueError as exc:  # an integer literal past Python's digit limit (sys.get_int_max_str_digits)
+            reason = str(exc).split(";")[0]
+            raise UserError(f"{where}:{number}: not valid JSON ({reason}); write one JSON object per line") from None
         if not isinstance(row, dict):
             raise UserError(f'{where}:{number}: expected a JSON object with "turns" or "prompt"')
         ident = str(row.get("question_id", row.get("id", len(records) + 1)))

@@ -39,6 +39,8 @@ def reply_grammar(schema: str | None, json_object: bool) -> Grammar | None:
         raise UserError(f"{where}:{exc.lineno}:{exc.colno}: not JSON ({exc.msg}); fix the schema") from None
     except RecursionError:
         raise UserError(f"{where}: nested too deeply to read; fix the schema") from None
+    except ValueError as exc:  # an integer literal past Python's digit limit (sys.get_int_max_str_digits)
+        raise UserError(f"{where}: not JSON ({str(exc).split(';')[0]}); fix the schema") from None
     try:
         return Grammar.json_schema(value, strict=True, name=where)
     except GrammarError as exc:

@@ -30,6 +30,9 @@ def test_three_prompt_formats(tmp_path):
         ('{"turns": ["ok"]}\n\n{"turns": []}\n', 3, "non-empty list"),
         ('{"question": "x"}\n', 1, 'expected a "turns" list'),
         ("[1, 2]\n", 1, "expected a JSON object"),
+        # Both were 'unexpected RecursionError' / 'unexpected ValueError' (issue 43's serve body, in a file)
+        ('{"turns": ["ok"]}\n{"turns": ["ok"], "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n", 2, "nested too deeply"),
+        ('{"turns": ["ok"], "x": ' + "9" * 5000 + "}\n", 1, "not valid JSON (Exceeds the limit (4300 digits)"),
     ],
 )
 def test_bad_prompt_files_name_the_line(tmp_path, content, line, words):

@@ -86,6 +86,16 @@ def test_a_schema_nested_past_what_json_reads_is_one_line():
         reply_grammar('{"a":' * 100_000 + "1" + "}" * 100_000, False)
 
 
+def test_an_integer_past_pythons_digit_limit_is_one_line(tmp_path):
+    # Python refuses to convert an integer literal of more than 4,300 digits: 'unexpected ValueError'
+    path = tmp_path / "s.json"
+    path.write_text('{"type": "integer", "maximum": ' + "9" * 5000 + "}")
+    for schema, where in ((str(path), str(path)), (path.read_text(), "--schema")):
+        with pytest.raises(UserError) as caught:
+            reply_grammar(schema, False)
+        assert str(caught.value).startswith(f"{where}: not JSON (Exceeds the limit (4300 digits)"), str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("pattern", "fault"),
     [("[a-", "unclosed character class"), ("a{2,1}", "invalid repetition count range")],
