@@ -235,7 +235,10 @@ def resolve_tree(name_or_path: str) -> TreeSpec:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise InvalidTree(f"{name_or_path}: no such file; use a preset ({', '.join(PRESETS)}) or a JSON spec")
+        if not path.is_file():  # there, so not "no such file": a folder, a FIFO, a device
+            what = "a folder" if path.is_dir() else "a device or FIFO"
+            raise InvalidTree(f"{name_or_path}: {what}, not a tree spec file; use a preset or a JSON spec file")
         return TreeSpec.from_file(path)
     raise InvalidTree(f"{name_or_path}: unknown tree; use a preset ({', '.join(PRESETS)}) or a JSON spec file")

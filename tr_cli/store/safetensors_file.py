@@ -50,8 +50,10 @@ def read_safetensors(
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise error(f"{path}: no such {kind} file")
+    if not path.is_file():  # there, so not "no such file"; safetensors maps a file, never a FIFO or device
+        raise error(f"{path}: {'a folder' if path.is_dir() else 'a device or FIFO'}, not a tr {kind} file")
     if path.stat().st_size == 0:
         raise error(f"{path}: empty file, not a tr {kind}")
     try:

@@ -4,6 +4,7 @@ references built from parent pointers, path round-trips, validation and `resolve
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -252,9 +253,16 @@ def test_resolve_missing_file(tmp_path):
         resolve_tree(str(tmp_path / "absent.json"))
 
 
-def test_resolve_directory_is_not_a_file(tmp_path):
-    with pytest.raises(ValueError):
-        resolve_tree(str(tmp_path))
+@pytest.mark.parametrize("kind", ["folder", "device", "fifo"])
+def test_resolve_a_path_that_is_there_but_not_a_file(tmp_path, kind):
+    # `--tree /dev/zero`, a FIFO or a folder said "no such file"
+    path = {"folder": tmp_path, "device": "/dev/zero", "fifo": tmp_path / "pipe"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(ValueError) as info:
+        resolve_tree(str(path))
+    what = "a folder" if kind == "folder" else "a device or FIFO"
+    assert str(info.value).startswith(f"{path}: {what}, not a tree spec file;"), str(info.value)
 
 
 @pytest.mark.parametrize(

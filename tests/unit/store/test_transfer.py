@@ -1,6 +1,7 @@
 """Export and import of a matrix file with its recycled store (real files in a temp data dir):
 exact copies out, merges or replacements in, and every refusal made before anything is written."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,18 @@ def test_an_unreadable_import_names_what_was_left_alone(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"junk")
     with pytest.raises(MatrixFileError, match="not a valid tr matrix file .*; the stored matrix was left untouched"):
         read_import(tmp_path / "junk.safetensors")
+
+
+@pytest.mark.parametrize("kind", ["folder", "device", "fifo"])
+def test_an_import_that_is_there_but_not_a_file_is_not_called_missing(tmp_path, kind):
+    # `tr matrix import /dev/zero` said "no such matrix file"
+    path = {"folder": tmp_path, "device": Path("/dev/zero"), "fifo": tmp_path / "pipe"}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+    with pytest.raises(MatrixFileError) as info:
+        read_import(path)
+    what = "a folder" if kind == "folder" else "a device or FIFO"
+    assert str(info.value) == f"{path}: {what}, not a tr matrix file; the stored matrix was left untouched"
 
 
 def test_a_first_import_stores_the_pair_then_merges_then_replaces(tmp_path):
