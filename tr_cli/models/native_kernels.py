@@ -20,6 +20,7 @@ and loads it into `torch.ops.tr_kernels`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
@@ -217,6 +218,8 @@ def _failed(command: list[str], out: str, err: str, code: int, library: Path, cx
         where = f"the whole log: {log}"
     except OSError as exc:  # a full disk, say: the compiler's words are still shown
         where = f"no log written: {exc.strerror}"
+        with contextlib.suppress(OSError):  # a log cut short by the full disk would read as the whole story
+            log.unlink()
     said = err.splitlines()
     lines = [line for line in said if "error" in line.lower()] or said
     first = lines[0].strip() if lines else f"exit status {code}"

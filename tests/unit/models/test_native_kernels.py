@@ -2,7 +2,9 @@
 rows computed alone, GGUF's Q4_1/Q8_0 blocks kept bit for bit, operands checked, the row-exact
 attention against SDPA, and a build that fails or cannot run said in one line."""
 
+import contextlib
 import os
+import shutil
 import subprocess
 import sys
 
@@ -288,6 +290,38 @@ def test_a_failed_build_names_the_compiler_and_keeps_its_log(tmp_path, monkeypat
         native_kernels._build(library)
     assert (tmp_path / "key" / "build.log").is_file() and "build.log" in str(caught.value)
     assert not library.exists() and [p.name for p in (tmp_path / "key").iterdir()] == ["build.log"]
+
+
+def test_a_build_on_a_full_disk_is_one_line_and_leaves_no_log_cut_short(tmp_path, monkeypatch):
+    """Issue 43: a full disk while the kernels build. The compiler fails (here at once) and its
+    log cannot be written either: one line with the compiler's words and why there is no log, and
+    no build.log cut short by the full disk left to be read as the whole story."""
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command: the full disk needs a small tmpfs")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs for the full disk (needs root): {mounted.stderr.decode().strip()}")
+    try:
+        (disk / "key").mkdir()
+        with contextlib.suppress(OSError), open(disk / "filler", "wb") as filler:
+            while True:
+                filler.write(b"x" * 512)
+                filler.flush()
+        # A compiler that says a lot (more than the disk has left after the filler) and fails.
+        noisy = tmp_path / "noisy-c++"
+        noisy.write_text("#!/bin/sh\nyes 'error: No space left on device' | head -c 20000 >&2\nexit 1\n")
+        noisy.chmod(0o755)
+        monkeypatch.setenv("CXX", str(noisy))
+        with pytest.raises(native_kernels.KernelBuildError) as caught:
+            native_kernels._build(disk / "key" / "tr_kernels.so")
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith(f"building tr's kernels with {noisy} failed: error: No space")
+        assert message.endswith("(no log written: No space left on device)"), message
+        assert list((disk / "key").iterdir()) == []  # no log, no scratch folder, no library
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
 
 
 def sdpa_reference(q, k, v, mask, scale, causal):
