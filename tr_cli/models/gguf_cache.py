@@ -17,7 +17,8 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ModelError, first_line
-from .gguf_header import file_sha256
+from .gguf_header import file_sha256, read_header
+from .gguf_metadata import fast_side_files
 from .progress import Status
 
 # Config, generation config and tokenizer files: a few MB for any vocabulary.
@@ -88,10 +89,25 @@ def valid(directory: Path) -> bool:
         return False
 
 
+def _read_side_files(path: Path, root: Path):
+    """(config, tokenizer) from the GGUF: each file read once where transformers has a fast
+    tokenizer reader (gguf_metadata.py), else, or where that route fails, transformers' own."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        sides = fast_side_files(path, read_header(path), root)
+    except (ValueError, KeyError, IndexError, TypeError, RuntimeError, NotImplementedError, OSError):
+        sides = None  # transformers' own route below says what is wrong with the file
+    if sides is not None:
+        return sides
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoConfig.from_pretrained(path.parent, gguf_file=path.name), tokenizer
+
+
 def gguf_side_files(path: Path, root: Path, status: Status) -> Path:
     """A directory of transformers files (config, generation config, tokenizer) converted from the
     GGUF, cached under `root` by the file's hash and validated before use (rebuilt when damaged)."""
-    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
     digest = file_sha256(path, root / "hashes.json", hashing=lambda: status(f"Hashing {path.name}"))
     target = root / digest[:32]
@@ -104,8 +120,7 @@ def gguf_side_files(path: Path, root: Path, status: Status) -> Path:
     _check_room(path, root)
     status(f"Reading {path.name}'s tokenizer and config (first load only, cached afterwards)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        config, tokenizer = _read_side_files(path, root)
     except (ValueError, KeyError, IndexError, TypeError, RuntimeError, NotImplementedError, OSError) as exc:
         # resolve_model checked the header; what is left is a file transformers reads and rejects
         raise ModelError(

@@ -56,6 +56,8 @@ class GGUFHeader:
     tensors: tuple[TensorInfo, ...]
     data_start: int  # where the tensor data begins (aligned, after the tensor table)
     file_size: int
+    # Each metadata entry's key and byte span in the file (key, value type, value), in file order.
+    spans: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def architecture(self) -> str:
@@ -179,7 +181,9 @@ def _parse(buf, file_size: int) -> GGUFHeader:
     tensor_count, kv_count = cur.take("Q"), cur.take("Q")
     values: dict[str, object] = {}
     array_lengths: dict[str, int] = {}
+    spans = []
     for _ in range(kv_count):
+        start = cur.pos
         key = cur.string()
         vtype = cur.take("I")
         if vtype in _SCALARS:
@@ -190,6 +194,7 @@ def _parse(buf, file_size: int) -> GGUFHeader:
             array_lengths[key] = _skip_array(cur, key, 1)
         else:
             raise GGUFError(f"unknown value type {vtype} for metadata key {key!r} (corrupt file?)")
+        spans.append((key, start, cur.pos))
     if "general.architecture" not in values:
         raise GGUFError("no general.architecture in the header")
     tensors = []
@@ -205,7 +210,7 @@ def _parse(buf, file_size: int) -> GGUFHeader:
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise GGUFError(f"general.alignment {alignment!r} is not a power of two (corrupt file?)")
     data_start = -(-cur.pos // alignment) * alignment
-    return GGUFHeader(version, values, array_lengths, tuple(tensors), data_start, file_size)
+    return GGUFHeader(version, values, array_lengths, tuple(tensors), data_start, file_size, tuple(spans))
 
 
 # Headers parsed in this process, by file version (read_header): a start resolves its model twice
