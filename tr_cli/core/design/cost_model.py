@@ -62,11 +62,19 @@ class CostModel:
             raise ValueError(f"cost model: expected {{'sizes': [...], 'seconds': [...]}} ({exc})") from exc
 
 
+# A probe stops at the first size whose step costs this many one-token steps: a tree that large pays
+# only where a step accepts more tokens than that, and from there a CPU's curve is a straight line
+# (compute-bound rows) that CostModel extends from the last two sizes timed. On the 0.5B Qwen2 on a
+# 2-core EPYC this times sizes up to 48 of 128: t(N) in ~5 s instead of ~13 s at the first start.
+STEEPEST = 12.0
+
+
 def calibrate(
     run_step: Callable[[int], None],
     sizes: tuple[int, ...] = CALIBRATION_SIZES,
     repeats: int = 3,
     warmup: int = 2,
+    steepest: float = STEEPEST,
 ) -> CostModel:
     """Time `run_step(n)` (one forward over n tokens, synchronized) for each size. Each larger size
     is timed right after a step of the smallest, and its price is the median over the repeats of
@@ -74,10 +82,11 @@ def calibrate(
     second is expected tokens over t), and a pause of the machine (another process, a frequency
     step) slows both steps of a pair alike, where a fastest-of-repeats per size mixed quiet and
     slow moments: two fresh homes once measured t(8) = 53 and 71 ms for one 1.5B model. Sizes go
-    round-robin; the curve is then made non-decreasing (noise, not physics).
+    round-robin; the curve is then made non-decreasing (noise, not physics). A first, untimed pass
+    up the sizes warms each and ends at the first as dear as `steepest` one-token steps: larger sizes
+    are not timed (CostModel extends the curve past the last one).
     """
     for _ in range(warmup):
-        run_step(sizes[-1])
         run_step(sizes[0])
 
     def timed(n: int) -> float:
@@ -85,6 +94,13 @@ def calibrate(
         run_step(n)
         return time.perf_counter() - start
 
+    kept = [sizes[0]]
+    for n in sizes[1:]:
+        base = timed(sizes[0])
+        kept.append(n)
+        if timed(n) >= steepest * base:
+            break
+    sizes = tuple(kept)
     smallest: list[float] = []
     ratios: dict[int, list[float]] = {n: [] for n in sizes[1:]}
     for _ in range(repeats):

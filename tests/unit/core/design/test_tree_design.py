@@ -45,15 +45,36 @@ def test_calibrate_prices_sizes_by_their_median_ratio_to_a_one_token_step(monkey
     def run(n: int) -> None:
         calls.append(n)
         call = len(calls) - 1
-        slow = 1.5 if call >= 2 + 6 else 1.0  # after the warmup and the first round
-        clock[0] += step_seconds[n] * slow + (0.03 if call == 2 + 5 else 0.0)
+        slow = 1.5 if call >= 1 + 6 + 6 else 1.0  # after the warmup, the probe and the first round
+        clock[0] += step_seconds[n] * slow + (0.03 if call == 1 + 6 + 5 else 0.0)
 
     monkeypatch.setattr(cost_model, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     cost = calibrate(run, sizes=(1, 2, 4, 8), repeats=3, warmup=1)
-    assert calls == [8, 1] + [1, 2, 1, 4, 1, 8] * 3  # warmup on the ends, then pairs, round-robin
+    # warmup, a probe up the sizes (untimed), then pairs, round-robin
+    assert calls == [1] + [1, 2, 1, 4, 1, 8] * 4
     # Ratios 1.2, 1.1 (lifted to 1.2) and 2 (median of 5, 2, 2) times the quiet t(1).
     assert cost.sizes == (1, 2, 4, 8)
     assert cost.seconds == pytest.approx((0.010, 0.012, 0.012, 0.020), abs=1e-12)
+
+
+def test_calibrate_stops_at_the_first_size_as_dear_as_the_steepest_ratio(monkeypatch):
+    """Sizes past the first that costs `steepest` one-token steps are never run; the curve goes on
+    in a straight line from the last two sizes timed."""
+    step_seconds = {1: 0.010, 2: 0.030, 4: 0.130, 8: 0.200, 16: 0.400}
+    clock = [0.0]
+    calls: list[int] = []
+
+    def run(n: int) -> None:
+        calls.append(n)
+        clock[0] += step_seconds[n]
+
+    monkeypatch.setattr(cost_model, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    cost = calibrate(run, sizes=(1, 2, 4, 8, 16), repeats=2, warmup=1, steepest=12.0)
+    assert 8 not in calls and 16 not in calls
+    assert cost.sizes == (1, 2, 4)
+    assert cost.time(8) == pytest.approx(0.130 + (0.130 - 0.030) / 2 * 4)
+    # A curve that never gets that steep is timed at every size.
+    assert calibrate(run, sizes=(1, 2, 4, 8, 16), repeats=1, warmup=0, steepest=100.0).sizes == (1, 2, 4, 8, 16)
 
 
 def brute_force_expected(spec: TreeSpec, p: list[list[float]]) -> float:
