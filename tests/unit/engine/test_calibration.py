@@ -148,7 +148,8 @@ def test_a_measurement_taken_while_the_machine_is_busy_is_used_but_not_cached(ho
     finally:
         competitor.kill()
         competitor.wait()
-    assert cost.sizes == CALIBRATION_SIZES
+    # Measured all the same (the competitor's pauses may make small sizes look steep: a prefix).
+    assert len(cost.sizes) >= 2 and cost.sizes == CALIBRATION_SIZES[: len(cost.sizes)]
     assert len(warnings) == 1 and re.match(
         r"other processes kept \d+\.\d cores busy while t\(N\) was measured", warnings[0]
     )

@@ -1,5 +1,6 @@
 """Matrix files: round trips, validation, atomic writes, merging and concurrent saves."""
 
+import json
 import os
 import pickle
 import subprocess
@@ -211,3 +212,43 @@ def test_hot_matrix_carries_its_acceptance_statistics(tmp_path):
     assert second.acceptance.to_dict() == first.acceptance.to_dict()
     cold = HotMatrix.open(FakeTokenizer(), VOCAB, "m", k=K, path=path, cold=True, save=False)
     assert cold.acceptance.observed_steps == 0
+
+
+def tokenizer_dir(directory: Path, extra: tuple[str, ...] = ()):
+    """A small real tokenizer saved to `directory` and read back from it, as a model's is."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(["a", "b", "c", "ab", *extra])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")]))
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="c").save_pretrained(directory)
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def test_fingerprint_is_remembered_per_version_of_the_tokenizer_files(tmp_path, monkeypatch):
+    def fresh(tokenizer) -> str:  # computed in a home with nothing remembered
+        monkeypatch.setenv("TR_HOME", str(tmp_path / f"fresh-{len(list(tmp_path.glob('fresh-*')))}"))
+        value = matrix_file.tokenizer_fingerprint(tokenizer)
+        monkeypatch.setenv("TR_HOME", str(tmp_path / "home"))
+        return value
+
+    monkeypatch.setenv("TR_HOME", str(tmp_path / "home"))
+    memo = tmp_path / "home" / "cache" / "fingerprints.json"
+    tokenizer = tokenizer_dir(tmp_path / "tokenizer")
+    first = matrix_file.tokenizer_fingerprint(tokenizer)
+    assert first == fresh(tokenizer) and list(json.loads(memo.read_text()).values()) == [first]
+    # Read from the memo while the files are unchanged (a planted value shows it is read) ...
+    key = next(iter(json.loads(memo.read_text())))
+    memo.write_text(json.dumps({key: "planted"}))
+    assert matrix_file.tokenizer_fingerprint(tokenizer) == "planted"
+    # ... never once they change: another vocabulary in the same directory is hashed again.
+    memo.write_text(json.dumps({key: first}))
+    other = tokenizer_dir(tmp_path / "tokenizer", extra=("d",))
+    assert matrix_file.tokenizer_fingerprint(other) == fresh(other) != first
+    # A damaged memo is only a slower start.
+    memo.write_text("not json")
+    assert matrix_file.tokenizer_fingerprint(other) == fresh(other)
+    assert len(json.loads(memo.read_text())) == 1
+    # A tokenizer not read from a directory is hashed each time and not remembered.
+    assert matrix_file.tokenizer_fingerprint(FakeTokenizer()) == fresh(FakeTokenizer())
+    assert len(json.loads(memo.read_text())) == 1

@@ -83,8 +83,8 @@ def calibrate(
     step) slows both steps of a pair alike, where a fastest-of-repeats per size mixed quiet and
     slow moments: two fresh homes once measured t(8) = 53 and 71 ms for one 1.5B model. Sizes go
     round-robin; the curve is then made non-decreasing (noise, not physics). A first, untimed pass
-    up the sizes warms each and ends at the first as dear as `steepest` one-token steps: larger sizes
-    are not timed (CostModel extends the curve past the last one).
+    up the sizes warms each and ends at the first as dear as `steepest` one-token steps (in two pairs
+    in a row): larger sizes are not timed (CostModel extends the curve past the last one).
     """
     for _ in range(warmup):
         run_step(sizes[0])
@@ -94,11 +94,14 @@ def calibrate(
         run_step(n)
         return time.perf_counter() - start
 
+    def steep(n: int) -> bool:
+        base = timed(sizes[0])
+        return timed(n) >= steepest * base
+
     kept = [sizes[0]]
     for n in sizes[1:]:
-        base = timed(sizes[0])
         kept.append(n)
-        if timed(n) >= steepest * base:
+        if steep(n) and steep(n):  # twice: one pause of the machine during a step is no cut
             break
     sizes = tuple(kept)
     smallest: list[float] = []

@@ -72,7 +72,20 @@ def test_calibrate_stops_at_the_first_size_as_dear_as_the_steepest_ratio(monkeyp
     cost = calibrate(run, sizes=(1, 2, 4, 8, 16), repeats=2, warmup=1, steepest=12.0)
     assert 8 not in calls and 16 not in calls
     assert cost.sizes == (1, 2, 4)
+    assert calls[:7] == [1, 1, 2, 1, 4, 1, 4]  # the steep pair timed again before the cut
     assert cost.time(8) == pytest.approx(0.130 + (0.130 - 0.030) / 2 * 4)
+    # One pause of the machine during a probe step is no cut: size 2 hiccups once (+1 s).
+    calls.clear()
+    hiccup = [True]
+
+    def paused(n: int) -> None:
+        run(n)
+        if n == 2 and hiccup[0]:
+            clock[0] += 1.0
+            hiccup[0] = False
+
+    monkeypatch.setattr(cost_model, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    assert calibrate(paused, sizes=(1, 2, 4, 8, 16), repeats=1, warmup=0, steepest=12.0).sizes == (1, 2, 4)
     # A curve that never gets that steep is timed at every size.
     assert calibrate(run, sizes=(1, 2, 4, 8, 16), repeats=1, warmup=0, steepest=100.0).sizes == (1, 2, 4, 8, 16)
 
