@@ -26,6 +26,8 @@ _SIDE_FILES_BYTES = 32_000_000
 _FULL_DISK = (errno.ENOSPC, errno.EDQUOT)
 _NO_ROOM = "free some space there, or point TR_HOME at a disk with more room"
 MANIFEST = "MANIFEST.json"
+# What transformers raises on a GGUF it reads and rejects.
+_CONVERSION_ERRORS = (ValueError, KeyError, IndexError, TypeError, RuntimeError, NotImplementedError, OSError)
 # Bump when what is converted changes (files, their content for the same GGUF).
 _LAYOUT = 2
 
@@ -96,7 +98,7 @@ def _read_side_files(path: Path, root: Path):
 
     try:
         sides = fast_side_files(path, read_header(path), root)
-    except (ValueError, KeyError, IndexError, TypeError, RuntimeError, NotImplementedError, OSError):
+    except _CONVERSION_ERRORS:
         sides = None  # transformers' own route below says what is wrong with the file
     if sides is not None:
         return sides
@@ -121,7 +123,7 @@ def gguf_side_files(path: Path, root: Path, status: Status) -> Path:
     status(f"Reading {path.name}'s tokenizer and config (first load only, cached afterwards)")
     try:
         config, tokenizer = _read_side_files(path, root)
-    except (ValueError, KeyError, IndexError, TypeError, RuntimeError, NotImplementedError, OSError) as exc:
+    except _CONVERSION_ERRORS as exc:
         # resolve_model checked the header; what is left is a file transformers reads and rejects
         raise ModelError(
             f"model {path.name}: transformers cannot convert this GGUF ({first_line(exc)}); "

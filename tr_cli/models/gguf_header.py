@@ -24,7 +24,7 @@ _STRING, _ARRAY = 8, 9
 # recurse once per level, so deep nesting is refused here instead of ending in a RecursionError.
 MAX_ARRAY_DEPTH = 8
 _MAX_DIMS = 4  # GGML_MAX_DIMS
-_ALIGNMENT = 32  # llama.cpp's default when general.alignment is absent
+ALIGNMENT = 32  # llama.cpp's default when general.alignment is absent
 
 
 class GGUFError(ValueError):
@@ -56,7 +56,7 @@ class GGUFHeader:
     tensors: tuple[TensorInfo, ...]
     data_start: int  # where the tensor data begins (aligned, after the tensor table)
     file_size: int
-    # Each metadata entry's key and byte span in the file (key, value type, value), in file order.
+    # Each metadata entry's key and byte span in the file (key, first byte, end), in file order.
     spans: tuple[tuple[str, int, int], ...] = ()
 
     @property
@@ -206,7 +206,7 @@ def _parse(buf, file_size: int) -> GGUFHeader:
         dims = tuple(cur.take("Q") for _ in range(n_dims))
         ggml_type, offset = cur.take("I"), cur.take("Q")
         tensors.append(TensorInfo(name, dims, ggml_type, offset, _tensor_nbytes(name, dims, ggml_type)))
-    alignment = values.get("general.alignment", _ALIGNMENT)
+    alignment = values.get("general.alignment", ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise GGUFError(f"general.alignment {alignment!r} is not a power of two (corrupt file?)")
     data_start = -(-cur.pos // alignment) * alignment

@@ -18,12 +18,11 @@ import struct
 import tempfile
 from pathlib import Path
 
-from .gguf_header import GGUFHeader
+from .gguf_header import ALIGNMENT, GGUFHeader
 
 # Arrays longer than this are a vocabulary's; per-layer arrays (head counts, window patterns) have
 # one item a layer.
 LONG_ARRAY = 4096
-_ALIGNMENT = 32  # llama.cpp's default when general.alignment is absent
 _F32 = 0
 
 
@@ -41,7 +40,7 @@ def stripped_header(path: Path, header: GGUFHeader, longest: int = LONG_ARRAY) -
                 out += struct.pack("<Q", 0)
             else:
                 out += buf[start:end]
-    alignment = header.values.get("general.alignment", _ALIGNMENT)
+    alignment = header.values.get("general.alignment", ALIGNMENT)
     for index, tensor in enumerate(header.tensors):
         name = tensor.name.encode()
         out += struct.pack("<Q", len(name)) + name + struct.pack("<IQIQ", 1, 1, _F32, index * alignment)
