@@ -15,6 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..core.matrix_width import DEFAULT_K
+from ..core.wording import counted
 from ..engine.options import DecodingOptions
 from ..errors import MatrixFileError, StoreFileError, UserError
 from ..store.paths import cache_dir
@@ -133,16 +134,15 @@ def init(
     live = new_matrix(loaded.vocab_size, k, loaded.runtime.device)
     total = sum(len(chunk) for chunk in ids)
     with progress_bar(TimeRemainingColumn()) as progress:
-        task = progress.add_task(f"Prefilling {len(texts)} texts", total=total)
+        task = progress.add_task(f"Prefilling {counted(len(texts), 'text')}", total=total)
         fill_from_token_lists(loaded.model, live, ids, progress=lambda n: progress.advance(task, n))
     data = write_built_matrix(path, live, owner)
     stderr.print(
         Text(f"matrix: {data.rows_filled:,} of {loaded.vocab_size:,} rows filled from {total:,} tokens → {path}")
     )
     target, recycled = write_corpus_recycled_store(path, ids, owner)
-    stderr.print(
-        Text(f"recycled store: {len(recycled.documents):,} texts ({recycled.total_tokens:,} tokens) → {target}")
-    )
+    texts_stored = counted(len(recycled.documents), "text")
+    stderr.print(Text(f"recycled store: {texts_stored} ({recycled.total_tokens:,} tokens) → {target}"))
 
 
 @app.command()

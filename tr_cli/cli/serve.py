@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from ..core.wording import counted
 from ..engine.options import DecodingOptions
 from ..errors import UserError
 from ..models.resolve import DEFAULT_MODEL
@@ -217,7 +218,7 @@ def serve(
                 http.join()
         finally:
             worker.close()
-        served_count = f"{worker.jobs_done} request" + ("" if worker.jobs_done == 1 else "s")
+        served_count = counted(worker.jobs_done, "request")
         note(f"tr serve: stopped after {served_count} in {time.monotonic() - started:.0f} s")
     finally:
         sock.close()

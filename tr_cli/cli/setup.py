@@ -13,6 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from ..core.wording import counted
 from ..engine.engine import Engine
 from ..engine.options import DecodingOptions
 from ..errors import StoreError
@@ -124,6 +125,6 @@ def _report(save: Callable[[], Saved], hot: HotMatrix, console: Console, announc
     if saved.rows:
         note(f"matrix: {saved.rows:,} rows saved to {hot.path}", console)
     if saved.documents:
-        conversations = "conversation" if saved.documents == 1 else "conversations"
         where = recycled_store_path(hot.path)
-        note(f"recycled store: {saved.documents:,} {conversations} ({saved.tokens:,} tokens) saved to {where}", console)
+        conversations = counted(saved.documents, "conversation")
+        note(f"recycled store: {conversations} ({saved.tokens:,} tokens) saved to {where}", console)

@@ -22,6 +22,7 @@ import torch
 
 from ..core.design.acceptance_stats import AcceptanceStats
 from ..core.recycled_store import RecycledStore
+from ..core.wording import counted
 from ..errors import MatrixFileError, StoreError, StoreFileError, first_line
 from .acceptance_file import acceptance_path, load_acceptance, save_acceptance
 from .atomic import kept_aside, locked, move_aside
@@ -158,9 +159,7 @@ class HotMatrix:
             text = f"new matrix (nothing stored yet) {self.path}"
         count = len(self.store.documents)
         if count:
-            text += (
-                f" + store of {self.store.total_tokens:,} tokens in {count:,} conversation{'' if count == 1 else 's'}"
-            )
+            text += f" + store of {self.store.total_tokens:,} tokens in {counted(count, 'conversation')}"
         return text
 
     def save(self) -> Saved:

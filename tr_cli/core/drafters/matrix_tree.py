@@ -19,6 +19,7 @@ from ..errors import InvalidTree
 from ..matrix import filled_rows, update_rows
 from ..tree import PRESETS, TreeSpec
 from ..tree_buffers import TreeBuffers
+from ..wording import counted
 from .base import Draft, Drafter, Placement, Verification
 
 
@@ -121,4 +122,4 @@ class MatrixTreeDrafter(Drafter):
 
     def describe(self) -> str:
         how = ", designed for this device" if self.auto else ""
-        return f"tree {self.spec.name} ({self.spec.size} nodes{how})"
+        return f"tree {self.spec.name} ({counted(self.spec.size, 'node')}{how})"
