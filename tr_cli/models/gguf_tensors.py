@@ -75,7 +75,8 @@ class GGUFWeight(WeightSource):
 
     def buffers(self, kind: type[_NativeLinear]) -> dict[str, torch.Tensor]:
         ggml_type, int4 = self.tensor.ggml_type, issubclass(kind, Q4Linear)
-        if ggml_type not in gguf_blocks.REPACKED["int4" if int4 else "int8"]:
+        name = "int4" if int4 else "int8"
+        if ggml_type not in gguf_blocks.REPACKED[name] + gguf_blocks.REQUANTIZED[name]:
             return self._requantized(kind)
         blocks, groups = -(-self.rows // 8), self.columns // gguf_blocks.GROUP
         empty = torch.zeros if self.rows % 8 else torch.empty  # padding rows: zero weights
@@ -101,7 +102,8 @@ class GGUFWeight(WeightSource):
         return buffers
 
     def _requantized(self, kind: type[_NativeLinear]) -> dict[str, torch.Tensor]:
-        """A type the kernels' kind does not hold as stored: dequantized, quantized as a float weight."""
+        """A type neither stored nor requantized by gguf_repack.cpp for the kernels' kind: dequantized
+        by gguf, quantized as a float weight (the reference the native requantizing is tested against)."""
         out: dict[str, torch.Tensor] = {}
         blocks = -(-self.rows // 8)
         try:
