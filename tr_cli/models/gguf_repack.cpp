@@ -141,25 +141,40 @@ bool requantized(int64_t type) {
 }
 
 // Q8Linear._quantize of one group: step = float16(max(-min, max) / 127) (1 where it is 0 in the
-// division), levels round(value / step) half to even, clamped to -127..127.
+// division), levels round(value / step) half to even, clamped to -127..127 (a NaN of a damaged file:
+// -127, never out of range). Vectors of eight: the same IEEE divisions and roundings as torch's,
+// ~4x the scalar loop, whose rounding was a libm call per weight.
 void quantize_int8(const float* value, Group& out) {
-  float low = value[0], high = value[0];
-  for (int l = 1; l < kGroup; ++l) {
-    low = std::min(low, value[l]);
-    high = std::max(high, value[l]);
+  __m256 v[4], low = _mm256_loadu_ps(value), high = low;
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(value + 8 * i);
+    low = _mm256_min_ps(low, v[i]);
+    high = _mm256_max_ps(high, v[i]);
+  }
+  alignas(32) float lows[8], highs[8];
+  _mm256_store_ps(lows, low);
+  _mm256_store_ps(highs, high);
+  float least = lows[0], most = highs[0];
+  for (int i = 1; i < 8; ++i) {
+    least = std::min(least, lows[i]);
+    most = std::max(most, highs[i]);
   }
   const float finite = 65504.0f;
-  const float step = std::min(std::max(std::max(-low, high) / 127.0f, -finite), finite);
+  const float step = std::min(std::max(std::max(-least, most) / 127.0f, -finite), finite);
   out.step = to_half(step);
   out.minimum = 0;
   float divisor = _cvtsh_ss(out.step);
   if (divisor == 0.0f) divisor = 1.0f;
-  for (int l = 0; l < kGroup; ++l) {
-    const float level = std::nearbyint(value[l] / divisor);
-    // a NaN in a damaged file becomes level 0, never undefined behaviour
-    const float clamped = level == level ? std::min(std::max(level, -127.0f), 127.0f) : 0.0f;
-    out.level[l] = static_cast<uint8_t>(static_cast<int8_t>(clamped));
+  const __m256 by = _mm256_set1_ps(divisor), floor = _mm256_set1_ps(-127.0f), ceiling = _mm256_set1_ps(127.0f);
+  __m256i level[4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 rounded = _mm256_round_ps(_mm256_div_ps(v[i], by), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    level[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(rounded, floor), ceiling));
   }
+  // packs interleave 128-bit lanes: bytes come out as 4-value runs of 0,2,4,6,1,3,5,7; put them back
+  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(level[0], level[1]), _mm256_packs_epi32(level[2], level[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.level),
+                      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
 void read_group(int64_t type, bool int4, const uint8_t* row, int64_t g, Group& out) {
