@@ -247,6 +247,21 @@ def test_a_type_tr_cannot_read_is_refused_in_one_line_naming_the_tensor(tmp_path
     assert "\n" not in str(caught.value)
 
 
+def test_a_ggufs_tokenizer_is_read_once_a_process(tmp_path, tr_kernels, tiny_llama_dir):
+    """`tr generate` reads the tokenizer to check the prompt against the context, then loads the
+    model: a GGUF's (its side files named by the file's hash) is read once, a directory's each time
+    (its files may change under the same name)."""
+    from tr_cli.models import load_prompt_side
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny("llama", tied=True))
+    cache = tmp_path / "cache"
+    first, _ = load_prompt_side(str(path), cache=cache)
+    model = load_model(str(path), Runtime.resolve("cpu", "float32", "int4"), cache=cache)
+    assert model.tokenizer is first
+    again, _ = load_prompt_side(str(tiny_llama_dir), cache=cache)
+    assert load_prompt_side(str(tiny_llama_dir), cache=cache)[0] is not again
+
+
 # --- caches beside a GGUF: validated before use, rebuilt when damaged ------------------------------
 
 
