@@ -81,11 +81,12 @@ def _drain(stream, sink: bytearray) -> None:
 
 
 class Tr:
-    """`tr ARGS` with TR_HOME=home, its stdout and stderr collected as they come."""
+    """`tr ARGS` with TR_HOME=home, its stdout and stderr collected as they come (stdin: nothing,
+    or the file descriptor given)."""
 
     started: list[Tr] = []  # killed after each test, so a failing one leaves no tr running
 
-    def __init__(self, home: Path, *args: str, **extra_env: str) -> None:
+    def __init__(self, home: Path, *args: str, stdin: int = subprocess.DEVNULL, **extra_env: str) -> None:
         env = {
             **os.environ,
             "HF_HUB_OFFLINE": "1",
@@ -96,7 +97,7 @@ class Tr:
         }
         self.proc = subprocess.Popen(
             [str(BIN / "tr"), *args],
-            stdin=subprocess.DEVNULL,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
