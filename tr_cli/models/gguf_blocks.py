@@ -8,7 +8,7 @@ q with step d and minimum -8 d or m; Q8_0 (q d) and Q5_0 ((q - 16) d) as int8 le
 levels q with each group's d sc and -dmin m rounded to float16, the kernels' type
 (tests/unit/models/test_gguf_tensors.py measures what that rounding changes). Every other type
 gguf reads (Q5_1, Q5_K, Q6_K, Q2_K, Q3_K, IQ*, F16, BF16, F32, ...) is dequantized and quantized as
-a float weight is (weights.py's `_quantize`); into int8 buffers gguf_repack.cpp does that itself for
+a float weight is (weights.py's `_quantize`); gguf_repack.cpp does that itself for
 the types of common files (REQUANTIZED), with the same numbers.
 """
 
@@ -19,7 +19,7 @@ import torch
 
 # ggml type ids (gguf.constants.GGMLQuantizationType), the ones read here without gguf's dequantize.
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
-Q4_K, Q5_K, Q6_K, BF16 = 12, 13, 14, 30
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
 FLOAT_TYPES = (F32, F16, BF16)
 GROUP = 32  # the kernels' group of inputs
 # Types whose values the int4 kernels hold closest (4 bits or fewer) and the int8 ones (5 to 8):
@@ -65,8 +65,9 @@ def stored_kind(ggml_type: int) -> str | None:
 # Q8_0 (d) and Q5_0 (levels q - 16, step d).
 REPACKED = {"int4": (Q4_0, Q4_1, Q4_K), "int8": (Q8_0, Q5_0)}
 # The types gguf_repack.cpp requantizes into each kind's buffers: gguf's dequantized values, quantized
-# as `_quantize` does, bit for bit (Q4_K_M files' Q6_K layers, an int8 model's Q4_K ones).
-REQUANTIZED = {"int4": (), "int8": (Q4_0, Q4_1, Q5_1, Q4_K, Q5_K, Q6_K)}
+# as `_quantize` does, bit for bit (Q4_K_M files' Q6_K layers, an int8 model's Q4_K ones, Q3_K_M and
+# Q2_K files' 2- and 3-bit layers).
+REQUANTIZED = {"int4": (Q2_K, Q3_K), "int8": (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
 
 
 def dequantized(ggml_type: int, raw: torch.Tensor, rows: int, columns: int) -> torch.Tensor:

@@ -5,11 +5,12 @@
 // ~50x faster: as torch ops a 0.5B model's conversion took seconds of every start (nibble splits,
 // concatenations and the column-block permutation, each a pass over the weights).
 //
-// Into int8 buffers it also takes the types the int8 kind cannot hold as stored (Q4_0, Q4_1, Q5_1, Q4_K,
-// Q5_K, Q6_K: an int8 model's or any model's Q6_K layers): each group's values as gguf's own dequantize
-// computes them in float32, then quantized as Q8Linear._quantize quantizes a float weight, bit for bit
-// the same (its tests compare with that Python route, which stays for the other types). A 0.5B
-// Qwen2's 24 Q4_K/Q6_K down projections took 0.86 s of every start through numpy and torch.
+// It also takes the k-quants and legacy types a kind cannot hold as stored (into int8: Q4_0, Q4_1,
+// Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, as any model's Q6_K layers; into int4: Q2_K, Q3_K): each group's
+// values as gguf's own dequantize computes them in float32, then quantized as Q8Linear._quantize or
+// Q4Linear._quantize quantizes a float weight, bit for bit the same (its tests compare with that
+// Python route, which stays for the other types). A 0.5B Qwen2's 24 Q4_K/Q6_K down projections took
+// 0.86 s of every start through numpy and torch.
 //
 // raw: uint8 (rows, row bytes), rows of one tensor; levels (blocks, K/32, 128 | 256), steps and
 // minimums (blocks, K/32, 8) as weights.py lays them out (_column_blocks, _column_values): block b
@@ -27,7 +28,8 @@ namespace {
 
 constexpr int64_t kGroup = 32, kColumns = 8;
 // ggml type ids (ggml.h)
-constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14;
+constexpr int64_t kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13,
+                  kQ6_K = 14;
 
 inline uint16_t half_bits(const uint8_t* p) {
   uint16_t h;
@@ -117,6 +119,34 @@ void group_values(int64_t type, const uint8_t* row, int64_t g, float* value) {
       }
       break;
     }
+    case kQ2_K: {  // (d sc) q - (dmin m), a 4-bit sc and m per 16 values; 2-bit q, 64 bytes of four each
+      const uint8_t* b = row + (g / 8) * 84;
+      const int j = static_cast<int>(g % 8), shift = (j % 4) * 2;
+      const float d = half_value(b + 80), dmin = half_value(b + 82);
+      const uint8_t* qs = b + 16 + (j / 4) * 32;
+      for (int l = 0; l < kGroup; ++l) {
+        const uint8_t sm = b[2 * j + l / 16];
+        const float a = d * static_cast<float>(sm & 15), m = dmin * static_cast<float>(sm >> 4);
+        value[l] = a * static_cast<float>((qs[l] >> shift) & 3) - m;
+      }
+      break;
+    }
+    case kQ3_K: {  // (d (sc - 32)) (q - 4 (1 - h)), a 6-bit sc per 16 values; 2-bit q, their third bits in 32 bytes
+      const uint8_t* b = row + (g / 8) * 110;
+      const int j = static_cast<int>(g % 8), shift = (j % 4) * 2;
+      const float d = half_value(b + 108);
+      const uint8_t* hmask = b;
+      const uint8_t* qs = b + 32 + (j / 4) * 32;
+      const uint8_t* sc = b + 96;
+      for (int l = 0; l < kGroup; ++l) {
+        const int k = 2 * j + l / 16;  // the scale's index, 0..15
+        const int low = (k < 8 ? sc[k] : sc[k - 8] >> 4) & 15, high = (sc[8 + k % 4] >> (2 * (k / 4))) & 3;
+        const float scale = static_cast<float>(static_cast<int8_t>(low | (high << 4)) - 32);
+        const int q = ((qs[l] >> shift) & 3) - (((hmask[l] >> j) & 1) ? 0 : 4);
+        value[l] = (d * scale) * static_cast<float>(q);
+      }
+      break;
+    }
     case kQ6_K: {  // (d scale) (q - 32), a scale per 16 values; 128 bytes low nibbles, 64 high pairs
       const uint8_t* b = row + (g / 8) * 210;
       const int j = static_cast<int>(g % 8), half = j / 4, quarter = j % 4;
@@ -136,16 +166,17 @@ void group_values(int64_t type, const uint8_t* row, int64_t g, float* value) {
   }
 }
 
-bool requantized(int64_t type) {
-  return type == kQ4_0 || type == kQ4_1 || type == kQ5_1 || type == kQ4_K || type == kQ5_K || type == kQ6_K;
+// The types group_values reads: requantized into int8 buffers (all of them) and int4 ones (Q2_K, Q3_K;
+// Q4_0/Q4_1/Q4_K go into int4 as stored).
+bool requantized(int64_t type, bool int4) {
+  if (int4) return type == kQ2_K || type == kQ3_K;
+  return type == kQ4_0 || type == kQ4_1 || type == kQ5_1 || type == kQ2_K || type == kQ3_K || type == kQ4_K ||
+         type == kQ5_K || type == kQ6_K;
 }
 
-// Q8Linear._quantize of one group: step = float16(max(-min, max) / 127) (1 where it is 0 in the
-// division), levels round(value / step) half to even, clamped to -127..127 (a NaN of a damaged file:
-// -127, never out of range). Vectors of eight: the same IEEE divisions and roundings as torch's,
-// ~4x the scalar loop, whose rounding was a libm call per weight.
-void quantize_int8(const float* value, Group& out) {
-  __m256 v[4], low = _mm256_loadu_ps(value), high = low;
+// A group's values as four vectors, and their minimum and maximum.
+void extremes(const float* value, __m256* v, float& least, float& most) {
+  __m256 low = _mm256_loadu_ps(value), high = low;
   for (int i = 0; i < 4; ++i) {
     v[i] = _mm256_loadu_ps(value + 8 * i);
     low = _mm256_min_ps(low, v[i]);
@@ -154,34 +185,66 @@ void quantize_int8(const float* value, Group& out) {
   alignas(32) float lows[8], highs[8];
   _mm256_store_ps(lows, low);
   _mm256_store_ps(highs, high);
-  float least = lows[0], most = highs[0];
+  least = lows[0];
+  most = highs[0];
   for (int i = 1; i < 8; ++i) {
     least = std::min(least, lows[i]);
     most = std::max(most, highs[i]);
   }
-  const float finite = 65504.0f;
-  const float step = std::min(std::max(std::max(-least, most) / 127.0f, -finite), finite);
-  out.step = to_half(step);
-  out.minimum = 0;
-  float divisor = _cvtsh_ss(out.step);
-  if (divisor == 0.0f) divisor = 1.0f;
-  const __m256 by = _mm256_set1_ps(divisor), floor = _mm256_set1_ps(-127.0f), ceiling = _mm256_set1_ps(127.0f);
-  __m256i level[4];
-  for (int i = 0; i < 4; ++i) {
-    const __m256 rounded = _mm256_round_ps(_mm256_div_ps(v[i], by), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    level[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(rounded, floor), ceiling));
+}
+
+// Levels round((v - from) / by) half to even, clamped to [floor, ceiling] (a NaN of a damaged file:
+// floor, never out of range), as bytes in input order: the same IEEE subtractions, divisions and
+// roundings as torch's, in vectors (the scalar loop rounded through a libm call a weight).
+void store_levels(const __m256* v, __m256 from, __m256 by, float floor, float ceiling, uint8_t* level) {
+  const __m256 low = _mm256_set1_ps(floor), high = _mm256_set1_ps(ceiling);
+  __m256i whole[4];
+  for (int i = 0; i < 4; ++i) {  // from 0 (int8) subtracts exactly: v comes back as it is
+    const __m256 x = _mm256_sub_ps(v[i], from);
+    const __m256 rounded = _mm256_round_ps(_mm256_div_ps(x, by), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    whole[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(rounded, low), high));
   }
   // packs interleave 128-bit lanes: bytes come out as 4-value runs of 0,2,4,6,1,3,5,7; put them back
-  const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(level[0], level[1]), _mm256_packs_epi32(level[2], level[3]));
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.level),
+  const __m256i bytes =
+      _mm256_packs_epi16(_mm256_packs_epi32(whole[0], whole[1]), _mm256_packs_epi32(whole[2], whole[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(level),
                       _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
+// Q8Linear._quantize of one group: step = float16(max(-min, max) / 127) (1 where it is 0 in the
+// division), levels round(value / step) half to even, clamped to -127..127.
+void quantize_int8(const float* value, Group& out) {
+  __m256 v[4];
+  float least, most;
+  extremes(value, v, least, most);
+  const float finite = 65504.0f;
+  out.step = to_half(std::min(std::max(std::max(-least, most) / 127.0f, -finite), finite));
+  out.minimum = 0;
+  float divisor = _cvtsh_ss(out.step);
+  if (divisor == 0.0f) divisor = 1.0f;
+  store_levels(v, _mm256_setzero_ps(), _mm256_set1_ps(divisor), -127.0f, 127.0f, out.level);
+}
+
+// Q4Linear._quantize of one group: step float16((max - min) / 15), minimum float16(min), levels
+// round((value - minimum) / step) (step 1 where it is 0) half to even, clamped to 0..15.
+void quantize_int4(const float* value, Group& out) {
+  __m256 v[4];
+  float least, most;
+  extremes(value, v, least, most);
+  const float finite = 65504.0f;
+  out.step = to_half(std::min(std::max((most - least) / 15.0f, -finite), finite));
+  out.minimum = to_half(std::min(std::max(least, -finite), finite));
+  float divisor = _cvtsh_ss(out.step);
+  if (divisor == 0.0f) divisor = 1.0f;
+  const __m256 by = _mm256_set1_ps(divisor), from = _mm256_set1_ps(_cvtsh_ss(out.minimum));
+  store_levels(v, from, by, 0.0f, 15.0f, out.level);
+}
+
 void read_group(int64_t type, bool int4, const uint8_t* row, int64_t g, Group& out) {
-  if (!int4 && requantized(type)) {
+  if (requantized(type, int4)) {
     float value[kGroup];
     group_values(type, row, g, value);
-    quantize_int8(value, out);
+    int4 ? quantize_int4(value, out) : quantize_int8(value, out);
     return;
   }
   switch (type) {
@@ -249,10 +312,10 @@ void gguf_repack(const at::Tensor& raw, int64_t type, int64_t columns, const at:
   const bool int4 = minimums.has_value();
   TORCH_CHECK(raw.scalar_type() == at::kByte && raw.dim() == 2 && raw.is_contiguous(),
               "gguf_repack: raw must be contiguous uint8 (rows, row bytes)");
-  TORCH_CHECK(int4 ? (type == kQ4_0 || type == kQ4_1 || type == kQ4_K)
-                   : (type == kQ8_0 || type == kQ5_0 || requantized(type)),
-              "gguf_repack: int4 buffers take Q4_0/Q4_1/Q4_K, int8 ones Q8_0/Q5_0 and (requantized) "
-              "Q4_0/Q4_1/Q5_1/Q4_K/Q5_K/Q6_K");
+  TORCH_CHECK(int4 ? (type == kQ4_0 || type == kQ4_1 || type == kQ4_K || requantized(type, true))
+                   : (type == kQ8_0 || type == kQ5_0 || requantized(type, false)),
+              "gguf_repack: int4 buffers take Q4_0/Q4_1/Q4_K and (requantized) Q2_K/Q3_K, int8 ones Q8_0/Q5_0 "
+              "and (requantized) Q4_0/Q4_1/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K");
   TORCH_CHECK(columns % kGroup == 0, "gguf_repack: columns must be a multiple of 32");
   const int64_t rows = raw.size(0), groups = columns / kGroup, blocks = (rows + kColumns - 1) / kColumns;
   const int64_t group_bytes = int4 ? 128 : 256;

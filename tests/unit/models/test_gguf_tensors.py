@@ -110,14 +110,18 @@ def test_other_types_are_requantized_within_half_a_step(tmp_path, tr_kernels, gg
     assert (error <= steps.float().repeat_interleave(32, 1)[:ROWS] * 0.5001 + 1e-7).all()
 
 
-@pytest.mark.parametrize("ggml_type", [T.Q4_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K])
-def test_types_requantized_in_the_kernels_build_are_the_python_routes_numbers(tmp_path, tr_kernels, ggml_type):
+@pytest.mark.parametrize(
+    ("ggml_type", "kind"),
+    [(t, Q8Linear) for t in (T.Q4_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)]
+    + [(T.Q2_K, Q4Linear), (T.Q3_K, Q4Linear)],
+)
+def test_types_requantized_in_the_kernels_build_are_the_python_routes_numbers(tmp_path, tr_kernels, ggml_type, kind):
     """gguf_repack.cpp requantizes these into int8 buffers itself (a Q4_K_M file's Q6_K layers, an
     int8 model's Q4_K ones: 0.86 s of every 0.5B start through numpy): bit for bit what gguf's
     dequantize then Q8Linear's quantizing give, padding rows included."""
     weight, _ = one_tensor_file(tmp_path, ggml_type, rows=ROWS, columns=512)
-    native, python = weight.buffers(Q8Linear), weight._requantized(Q8Linear)
-    assert native.keys() == python.keys() == {"levels", "steps"}
+    native, python = weight.buffers(kind), weight._requantized(kind)
+    assert native.keys() == python.keys() == ({"levels", "steps"} | ({"minimums"} if kind is Q4Linear else set()))
     for name in native:
         assert torch.equal(native[name], python[name]), name
     assert python["steps"][: ROWS // 8].float().std() > 0  # real, varied groups were compared
