@@ -286,15 +286,8 @@ void read_group(int64_t type, bool int4, const uint8_t* row, int64_t g, Group& o
     case kQ4_K: {  // super-blocks of 8 groups: d, dmin, 12 bytes of 6-bit scales/minimums, 128 bytes of nibbles
       const uint8_t* b = row + (g / 8) * 144;
       const int j = static_cast<int>(g % 8);
-      const uint8_t* s = b + 4;
       int scale, minimum;
-      if (j < 4) {
-        scale = s[j] & 63;
-        minimum = s[j + 4] & 63;
-      } else {
-        scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        minimum = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-      }
+      k_scale_min(b + 4, j, scale, minimum);
       out.step = to_half(half_value(b) * static_cast<float>(scale));
       out.minimum = to_half(-half_value(b + 2) * static_cast<float>(minimum));
       const uint8_t* qs = b + 16 + (j / 2) * 32;
