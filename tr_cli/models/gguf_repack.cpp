@@ -211,18 +211,24 @@ void store_levels(const __m256* v, __m256 from, __m256 by, float floor, float ce
                       _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
+// weights.py's _float16: clamped to float16's finite range, then rounded to it (bits).
+inline uint16_t finite_half(float x) { return to_half(std::min(std::max(x, -65504.0f), 65504.0f)); }
+
+// The step a group's levels are divided by: its float16 value, 1 where it is 0 (_quantize's masked_fill).
+inline __m256 divisor_of(uint16_t step) {
+  const float value = _cvtsh_ss(step);
+  return _mm256_set1_ps(value == 0.0f ? 1.0f : value);
+}
+
 // Q8Linear._quantize of one group: step = float16(max(-min, max) / 127) (1 where it is 0 in the
 // division), levels round(value / step) half to even, clamped to -127..127.
 void quantize_int8(const float* value, Group& out) {
   __m256 v[4];
   float least, most;
   extremes(value, v, least, most);
-  const float finite = 65504.0f;
-  out.step = to_half(std::min(std::max(std::max(-least, most) / 127.0f, -finite), finite));
+  out.step = finite_half(std::max(-least, most) / 127.0f);
   out.minimum = 0;
-  float divisor = _cvtsh_ss(out.step);
-  if (divisor == 0.0f) divisor = 1.0f;
-  store_levels(v, _mm256_setzero_ps(), _mm256_set1_ps(divisor), -127.0f, 127.0f, out.level);
+  store_levels(v, _mm256_setzero_ps(), divisor_of(out.step), -127.0f, 127.0f, out.level);
 }
 
 // Q4Linear._quantize of one group: step float16((max - min) / 15), minimum float16(min), levels
@@ -231,13 +237,9 @@ void quantize_int4(const float* value, Group& out) {
   __m256 v[4];
   float least, most;
   extremes(value, v, least, most);
-  const float finite = 65504.0f;
-  out.step = to_half(std::min(std::max((most - least) / 15.0f, -finite), finite));
-  out.minimum = to_half(std::min(std::max(least, -finite), finite));
-  float divisor = _cvtsh_ss(out.step);
-  if (divisor == 0.0f) divisor = 1.0f;
-  const __m256 by = _mm256_set1_ps(divisor), from = _mm256_set1_ps(_cvtsh_ss(out.minimum));
-  store_levels(v, from, by, 0.0f, 15.0f, out.level);
+  out.step = finite_half((most - least) / 15.0f);
+  out.minimum = finite_half(least);
+  store_levels(v, _mm256_set1_ps(_cvtsh_ss(out.minimum)), divisor_of(out.step), 0.0f, 15.0f, out.level);
 }
 
 void read_group(int64_t type, bool int4, const uint8_t* row, int64_t g, Group& out) {
