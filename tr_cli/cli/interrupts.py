@@ -3,6 +3,7 @@ leave), SIGTERM and SIGHUP (leave, saving), and no echo of keys typed while a re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -53,6 +54,42 @@ def terminating_signals() -> contextlib.AbstractContextManager[None]:
     """Inside this block SIGTERM and SIGHUP raise Terminated instead of killing the process at
     once (which lost what the run had learned)."""
     return handling(TERMINATING_SIGNALS, _raise_terminated)
+
+
+@contextlib.contextmanager
+def ending_app(app) -> Iterator[None]:
+    """While `app` (a prompt-toolkit Application) runs, SIGTERM and SIGHUP end it with Terminated
+    through its own exit instead of raising wherever its event loop happens to be. A signal that
+    reached a thread other than the main one wakes the loop, and the handler then runs inside one
+    of its callbacks, which asyncio never lets raise: the chat sat at its prompt, killed only by
+    SIGKILL, its learning lost. A signal the app could no longer take (it was already closing) is
+    raised once the block is left."""
+    received: list[int] = []
+
+    def end(signum: int) -> None:
+        future = app.future
+        if future is not None and not future.done():
+            app.exit(exception=Terminated(signum))
+
+    def handler(signum, frame) -> None:
+        received.append(signum)
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop in between: plain Python, raising here is safe
+            raise Terminated(signum) from None
+        loop.call_soon_threadsafe(end, signum)
+
+    with handling(TERMINATING_SIGNALS, handler):
+        try:
+            yield
+        except Terminated:
+            raise
+        except BaseException:
+            if received:  # Ctrl-D or Ctrl-C in the same moment: the signal wins, as it would elsewhere
+                raise Terminated(received[0]) from None
+            raise
+    if received:
+        raise Terminated(received[0])
 
 
 @contextlib.contextmanager

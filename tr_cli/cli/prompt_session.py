@@ -11,6 +11,7 @@ from rich.console import Console
 from ..chat.commands import complete
 from ..store.paths import data_dir
 from .console import stderr, warn
+from .interrupts import ending_app
 
 HISTORY_FILE = "chat_history"
 
@@ -104,7 +105,8 @@ def make_prompt_session(no_color: bool = False, input=None, output=None, err: Co
     class ChatPromptSession(PromptSession):
         def prompt(self, *args, **kwargs):
             try:
-                return super().prompt(*args, **kwargs)
+                with ending_app(self.app):
+                    return super().prompt(*args, **kwargs)
             finally:
                 report = getattr(self.history, "report", None)
                 if report is not None:
