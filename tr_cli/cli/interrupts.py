@@ -59,11 +59,11 @@ def terminating_signals() -> contextlib.AbstractContextManager[None]:
 @contextlib.contextmanager
 def ending_app(app) -> Iterator[None]:
     """While `app` (a prompt-toolkit Application) runs, SIGTERM and SIGHUP end it with Terminated
-    through its own exit instead of raising wherever its event loop happens to be. A signal that
-    reached a thread other than the main one wakes the loop, and the handler then runs inside one
-    of its callbacks, which asyncio never lets raise: the chat sat at its prompt, killed only by
-    SIGKILL, its learning lost. A signal the app could no longer take (it was already closing) is
-    raised once the block is left."""
+    through its own exit. Raised where the main thread happens to be, Terminated could land inside
+    one of the event loop's callbacks (while it handles keys), where asyncio hands it to
+    prompt-toolkit's error page ("Press ENTER to continue"): the chat sat at its prompt, killed only
+    by SIGKILL, its learning lost. A signal the app could no longer take (it was already closing)
+    is raised once the block is left; one that comes with another way out (Ctrl-D, Ctrl-C) wins."""
     received: list[int] = []
 
     def end(signum: int) -> None:
@@ -82,10 +82,8 @@ def ending_app(app) -> Iterator[None]:
     with handling(TERMINATING_SIGNALS, handler):
         try:
             yield
-        except Terminated:
-            raise
-        except BaseException:
-            if received:  # Ctrl-D or Ctrl-C in the same moment: the signal wins, as it would elsewhere
+        except BaseException as exc:
+            if received and not isinstance(exc, Terminated):
                 raise Terminated(received[0]) from None
             raise
     if received:

@@ -7,7 +7,6 @@ child process (tests/prompt_signal_check.py), bounded in time and memory."""
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import subprocess
@@ -28,14 +27,12 @@ def _capped() -> None:
 
 def prompt_signalled(sig: signal.Signals, when: str) -> list[str]:
     """The child's lines: what its prompt raised or read, and whether tr's handler is back."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SCRIPT.parent), os.environ.get("PYTHONPATH", "")])}
     try:
         done = subprocess.run(
             [sys.executable, str(SCRIPT), sig.name, when],
             capture_output=True,
             text=True,
             timeout=SECONDS,
-            env=env,
             preexec_fn=_capped,
         )
     except subprocess.TimeoutExpired as exc:
