@@ -12,6 +12,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from tr_cli.store.paths import cache_dir
+
+# The cache tr uses outside the tests, where `make install` builds the kernels ahead.
+INSTALLED_CACHE = cache_dir()
 # Nothing may come from the hub, and nothing of ours may touch the user's real data dir.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TR_HOME", tempfile.mkdtemp(prefix="tr-test-home-"))
@@ -20,10 +24,23 @@ sys.path.insert(0, str(TESTS))  # tiny_models
 
 import pytest  # noqa: E402
 
-from tr_cli.store.paths import cache_dir  # noqa: E402
-
 SESSION_CACHE = cache_dir()  # read before any test moves TR_HOME
 SLOW_FIXTURES = {"smollm2_fp32", "smollm2_checkpoint"}
+
+
+def pytest_sessionstart(session):
+    """This run's kernels start as a copy of the build `make install` made (the same folder name:
+    the same sources, torch, compiler and flags; a damaged copy is built again on load), read
+    only: compiling them again costs a minute on 2 cores. The tests of the build itself compile
+    their own."""
+    from tr_cli.models import native_kernels
+
+    if native_kernels.unavailable() is not None or INSTALLED_CACHE == SESSION_CACHE:
+        return
+    built = native_kernels.build_folder(INSTALLED_CACHE / "kernels")
+    target = native_kernels.build_folder(SESSION_CACHE / "kernels")
+    if built.is_dir() and not target.exists():
+        shutil.copytree(built, target, ignore=shutil.ignore_patterns(".build-*"))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -227,8 +227,6 @@ def test_bench_smollm2_two_prompts(smollm2_checkpoint):
         app,
         [
             "bench",
-            "--dtype",
-            "float32",
             "--limit",
             "2",
             "-n",

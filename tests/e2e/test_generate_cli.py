@@ -134,9 +134,11 @@ def test_bad_options_are_one_line_errors(tmp_path):
 
 
 def test_generate_packaged_model_is_identical_to_generate(smollm2_checkpoint):
-    out = run("generate", "--dtype", "float32", "-n", "24", "--compare", "-p", "What is the capital of France?")
+    """The default run (its int4 weights on tr's kernels where they run) against transformers'
+    greedy generate on the same weights."""
+    out = run("generate", "-n", "24", "--compare", "-p", "Which ocean lies between Europe and America?")
     assert out.returncode == 0, out.stderr
-    assert "Paris" in out.stdout
+    assert "Atlantic" in out.stdout
     assert "output identical" in out.stderr
     assert "MAT" in out.stderr and "tok/s" in out.stderr
 

@@ -38,7 +38,8 @@ def test_smollm2_matches_generate_on_spec_bench_prompts(smollm2_fp32):
     prompts = {p.category: p for p in read_prompt_file(Path(__file__).parents[1] / "data" / "spec_bench_sample.jsonl")}
     decoder = TokenRecyclingDecoder(loaded.model)  # warm matrix across prompts
     accepted_drafts = 0
-    for category in ("writing", "qa", "translation", "math_reasoning"):
+    # Two categories here, two others in the kernels' test below: each prompt costs ~20 s on 2 cores.
+    for category in ("qa", "translation"):
         ids = encode_prompt(loaded.tokenizer, prompts[category].turns[0])
         decoder.reset()
         result = decoder.generate(ids, StopCondition.build(NEW_TOKENS, loaded.eos_token_ids))

@@ -133,7 +133,7 @@ def load(directory: Path, status: Status = quiet) -> Path:
         raise KernelBuildError(f"tr's int4/int8 kernels cannot run here: {reason}")
     import torch
 
-    library = directory / _build_key(torch.__version__) / _LIBRARY
+    library = build_folder(directory) / _LIBRARY
     if not _whole(library):  # missing, or damaged since its build (truncated, overwritten): built again
         status(f"Building tr's int4/int8 kernels for this CPU (once per machine, about {_ESTIMATE})")
         _build(library, status)
@@ -145,6 +145,14 @@ def load(directory: Path, status: Status = quiet) -> Path:
         ) from None
     _loaded = library
     return library
+
+
+def build_folder(directory: Path) -> Path:
+    """Where in `directory` the build of this source, torch, compiler and flags lives (its library
+    and checksum); a folder copied from another cache under the same name is that very build."""
+    import torch
+
+    return directory / _build_key(torch.__version__)
 
 
 def row_topk(logits, k: int):
