@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder, new_matrix
+from tr_cli.core.decode import PrefillLearning
 from tr_cli.core.matrix_init import fill_from_token_lists
 from tr_cli.models import Runtime, load_model
 from tr_cli.store.paths import cache_dir
@@ -78,7 +79,8 @@ def main() -> None:
         line = [f"{i + 1:2d} {row['category']:14s}"]
         for name, make in variants.items():
             matrix, seed = make()
-            s = TokenRecyclingDecoder(model, matrix=matrix, seed_from_prompt=seed).generate(ids, stop).stats
+            learning = PrefillLearning.EVERY_ROW if seed else PrefillLearning.NONE
+            s = TokenRecyclingDecoder(model, matrix=matrix, prefill_learning=learning).generate(ids, stop).stats
             t = totals[name]
             t["tokens"] += s.new_tokens
             t["seconds"] += s.wall_seconds

@@ -8,7 +8,7 @@ second turn continuing from the KV cache of the first.
 import pytest
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
-from tr_cli.core.decode import prefill_chunks
+from tr_cli.core.decode import PrefillLearning, prefill_chunks
 from tr_cli.core.drafters import DraftPlan
 from tr_cli.core.errors import PrefillStopped
 
@@ -39,7 +39,7 @@ def test_warm_matrix_matches_generate(model):
 def test_empty_matrix_matches_generate(model):
     for seed, (length, budget) in enumerate(CASES):
         ids = random_prompt(length, 100 + seed)
-        decoder = TokenRecyclingDecoder(model, seed_from_prompt=False)
+        decoder = TokenRecyclingDecoder(model, prefill_learning=PrefillLearning.NONE)
         assert not decoder.matrix.any()
         assert decoder.generate(ids, StopCondition.build(budget, [EOS])).tokens == reference(model, ids, budget)
 

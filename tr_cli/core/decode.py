@@ -14,6 +14,7 @@ import inspect
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 import torch
 
@@ -58,6 +59,16 @@ def prefill_chunks(length: int, most: int = PREFILL_CHUNK) -> list[tuple[int, in
     return list(zip(bounds, bounds[1:], strict=False))
 
 
+class PrefillLearning(Enum):
+    """Which prompt positions' top-k candidates the drafters that learn from a prefill (the matrix)
+    take: every one (the paper's; the head and a top-k for every prompt token, a quarter to a third
+    of a prefill's work on CPUs), only those a prefill computes anyway (each chunk's last), or none."""
+
+    EVERY_ROW = "every row"
+    COMPUTED_ROWS = "computed rows"
+    NONE = "none"
+
+
 # How deep the drafts a constraint adds reach (set_constraint): the grammar's chain and branches,
 # and text lookup. What a caller reserves past the reply for constrained decoding.
 CONSTRAINED_DEPTH = max(GRAMMAR_CHAIN, 1 + TURN_CHAIN, TEXT_DEPTH)
@@ -94,7 +105,7 @@ class TokenRecyclingDecoder:
         matrix: torch.Tensor | None = None,
         tree: TreeSpec | None = None,
         k: int = DEFAULT_K,
-        seed_from_prompt: bool = True,
+        prefill_learning: PrefillLearning = PrefillLearning.EVERY_ROW,
         *,
         cost: CostModel | Callable[[TokenRecyclingDecoder], CostModel] | None = None,
         acceptance: AcceptanceStats | None = None,
@@ -120,7 +131,9 @@ class TokenRecyclingDecoder:
         self.k = self.matrix.shape[1]
         # A designed tree replaces the initial one at once: start from none (valid for any k).
         initial = PRESETS["none"] if tree is None and cost is not None else tree
-        self.matrix_tree = MatrixTreeDrafter(self.matrix, initial, acceptance, seed_from_prompt)
+        self.prefill_learning = prefill_learning
+        learns = prefill_learning is not PrefillLearning.NONE
+        self.matrix_tree = MatrixTreeDrafter(self.matrix, initial, acceptance, seed_from_prompt=learns)
         self.drafters: list[Drafter] = [self.matrix_tree, *drafters]
         # How the grammar's drafts and text lookup fared, across constrained replies.
         self._grammar_record = GrammarRecord()
@@ -300,18 +313,19 @@ class TokenRecyclingDecoder:
         t0 = time.perf_counter()
         update = 0.0
         learners = [drafter for drafter in self.drafters if drafter.learns_from_prefill]
+        every_row = bool(learners) and self.prefill_learning is PrefillLearning.EVERY_ROW
         last_logits = None
         for start, stop in prefill_chunks(len(ids)):
             if stop_requested is not None and stop_requested():
                 self.rewind(self.cache.length + 1)  # the first token not cached becomes the pending one
                 raise PrefillStopped(start, len(ids))
             chunk = torch.tensor(ids[start:stop], dtype=torch.long, device=self.device)
-            logits = self._forward_causal(chunk, last_only=not learners)
+            logits = self._forward_causal(chunk, last_only=not every_row)
             last_logits = logits[-1]
             if learners:
                 u0 = time.perf_counter()
                 top = TopCandidates.of(logits, self.k, self.row_topk)
-                verification = Verification(chunk, top.indices, None, None)
+                verification = Verification(chunk[-logits.shape[0] :], top.indices, None, None)
                 for drafter in learners:
                     drafter.learn(verification, None)
                 update += time.perf_counter() - u0

@@ -5,6 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
+from tr_cli.core.decode import PrefillLearning
 from tr_cli.core.kv_cache import CompactingCache
 
 from tiny_models import EOS, random_prompt, reference, tiny_model
@@ -28,7 +29,7 @@ def test_compacted_cache_equals_sequential_decoding():
     model = tiny_model("llama")
     ids = random_prompt(300, 3)  # longer than the initial buffer: exercises growth too
     future = reference(model, ids, 24)
-    decoder = TokenRecyclingDecoder(model, seed_from_prompt=False)
+    decoder = TokenRecyclingDecoder(model, prefill_learning=PrefillLearning.NONE)
     oracle_matrix(decoder, future)
     events = list(decoder.steps(ids, StopCondition.build(12, [EOS])))
     assert any(len(e.accepted_tokens) >= 2 for e in events[1:]), "no multi-token acceptance to compact"
@@ -49,7 +50,7 @@ def test_eos_inside_accepted_path_leaves_no_extra_rows():
     ids = random_prompt(20, 5)
     future = reference(model, ids, 30)
     eos = future[9]
-    decoder = TokenRecyclingDecoder(model, seed_from_prompt=False)
+    decoder = TokenRecyclingDecoder(model, prefill_learning=PrefillLearning.NONE)
     oracle_matrix(decoder, future)
     out = decoder.generate(ids, StopCondition.build(30, [eos])).tokens
     assert out == future[: future.index(eos) + 1]

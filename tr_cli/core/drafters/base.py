@@ -78,8 +78,8 @@ class Drafter(ABC):
 
     # The source's name where its work is counted (step events, the server's metrics).
     name: str = "draft"
-    # Whether `learn` wants the prompt's top-k candidates at the prefill (they cost a top-k over
-    # every prompt position, so the decoder computes them only when some drafter asks).
+    # Whether `learn` wants the prompt's top-k candidates at the prefill: the decoder's
+    # PrefillLearning says of which positions (every one costs the head and a top-k per token).
     learns_from_prefill: bool = False
 
     @abstractmethod
