@@ -30,8 +30,11 @@ MODELS = {  # hidden, intermediate, heads, kv heads, head dim, vocabulary
 }
 BUILDS = {"avx2": "AVX2", "vnni": "AVX512-VNNI", "amx": "AMX"}
 # Which peak each build's dot products run against (instruction_peak.c's names; AMX: its tile shape
-# at that many rows, capped at 16, the most a tile holds).
-_PEAK_OF = {"AVX2": "avx2_maddubs", "AVX512-VNNI": "vnni_ymm"}
+# at that many rows, capped at 16, the most a tile holds). The AVX2 build sums int4's and Q5_0's
+# products in int16 (a vpmaddwd per group, not per product): their ceiling is the int16 mix.
+# The VNNI build's pair tiles run vpdpbusd on 512-bit registers (twice the ymm rate on a Zen 5).
+_PEAK_OF = {"AVX2": "avx2_maddubs", "AVX512-VNNI": "vnni_zmm"}
+_AVX2_INT16_KINDS = {"int4", "int8-q5"}
 _STREAM_BYTES = 64 << 20
 
 
@@ -128,10 +131,12 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return results
 
 
-def _peak_for(build: str, rows: int, peak: dict[str, float]) -> float:
+def _peak_for(build: str, kind: str, rows: int, peak: dict[str, float]) -> float:
     if build == "AMX" and rows > 1:
         return peak.get(f"amx_{min(16, 1 << (rows.bit_length() - 1))}x32x8", float("nan"))
-    return peak[_PEAK_OF.get(build, "vnni_ymm")]
+    if build == "AVX2" and kind in _AVX2_INT16_KINDS:
+        return peak["avx2_int16"]
+    return peak[_PEAK_OF.get(build, "vnni_zmm")]
 
 
 def main() -> None:
@@ -179,7 +184,7 @@ def main() -> None:
             if r is None:
                 cells.append(f"{'-':>12}")
                 continue
-            share = 100 * r["gmacs"] / (_peak_for(build, n, peak) * threads)
+            share = 100 * r["gmacs"] / (_peak_for(build, kind, n, peak) * threads)
             cells.append(f"{r['gmacs']:>6.1f} ({share:>3.0f}%)")
         print(f"{model:<9} {matrix:<8} {kind:<7} {build:<12} {threads:>3} " + " ".join(cells))
     if args.json:

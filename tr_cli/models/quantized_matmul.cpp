@@ -11,9 +11,10 @@
 // what makes tr's tree verification match one-token decoding exactly.
 //
 // Built with AVX512-VNNI (native_kernels.py turns it on where the CPU has it), the integer dot
-// products are one vpdpbusd per four inputs instead of vpmaddubsw + vpmaddwd + vpaddd, and the 32
-// vector registers hold twice the rows per tile. The integer sums are exact either way, so both
-// builds give the same bits.
+// products are one vpdpbusd per four inputs instead of vpmaddubsw + vpmaddwd + vpaddd, the 32
+// vector registers hold twice the rows per tile, and from a few rows on two blocks of columns share
+// 512-bit registers (pair tiles). The integer sums are exact either way, so every build gives the
+// same bits.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -55,14 +56,15 @@ constexpr int kInt8Rows = P == 8 ? 5 : 3;
 #endif
 
 struct Activations {
-  const int8_t* a;    // (M, K)
-  const float* d;     // (M, G): the step of each group
-  const float* s;     // (M, G): d * sum(a) of each group
+  const int8_t* a;       // (M, K)
+  const float* d;        // (M, G): the step of each group
+  const float* s;        // (M, G): d * sum(a) of each group
+  const int32_t* minus;  // (M, G): -128 * sum(a) of each group (VNNI's int8 products: see int8_dots)
   int64_t K, G;
 };
 
 // x (M, K) float32 -> int8 levels with one step per 32 values (round to nearest even).
-void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* a, float* d, float* s) {
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* a, float* d, float* s, int32_t* minus) {
   const int64_t G = K / kGroup;
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t m = 0; m < M; ++m) {
@@ -93,7 +95,9 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* a, float* d, fl
       p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + m * K + g * kGroup), p8);
       d[m * G + g] = step;
-      s[m * G + g] = step * static_cast<float>(_mm_cvtsi128_si32(s4));
+      const int32_t total = _mm_cvtsi128_si32(s4);
+      s[m * G + g] = step * static_cast<float>(total);
+      minus[m * G + g] = -128 * total;
     }
   }
 }
@@ -181,15 +185,55 @@ inline void int4_tile(const Activations& x, const Int4Weights& w, int64_t m0, in
   UNROLL for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out + (m0 + m) * N + b * 8, acc[m]);
 }
 
+// One group's integer dot products of rows m0.. with a block's eight columns (256 bytes of levels).
 // Int8 levels reach 127, so a product pair can fill int16: in general each is widened to int32 at once.
 // vpmaddubsw takes one unsigned operand: |w| against a with w's sign. Levels of fewer bits (GGUF's Q5_0
 // is -16..15, Q6_K's near -32..31) leave room: P products of |w| <= 128 / P with |a| <= 127 add up in
 // int16 exactly (P * 2 * 127 * 128 / P = 32512 < 2^15) before one widening, so a row costs one vpmaddwd
 // per P vpmaddubsw instead of one each (on AVX2 EPYCs both run on one pipe: 1.3x the rows a second).
-// The integer sums are the same for every P, so are the bits. VNNI's vpdpbusd sums into int32 directly.
+// The integer sums are the same for every P, so are the bits.
+template <int MR, int P>
+__attribute__((always_inline)) inline void int8_dots(const Activations& x, const int8_t* q, int64_t m0, int64_t g, __m256i* sum) {
+#if TR_VNNI
+  // vpdpbusd sums into int32 directly, its first operand unsigned: the levels go in as w + 128 (one
+  // xor shared by the rows, no per-row sign fix) and each row's sum starts from -128 * sum(a), so it
+  // ends at sum(w * a) exactly. Even and odd inputs in two sums: half the chain of dependent vpdpbusd.
+  const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
+  __m256i odd[MR];
+  UNROLL for (int m = 0; m < MR; ++m) {
+    sum[m] = _mm256_set1_epi32(x.minus[(m0 + m) * x.G + g]);
+    odd[m] = _mm256_setzero_si256();
+  }
+  UNROLL for (int j = 0; j < 8; ++j) {
+    const __m256i shifted = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j)), flip);
+    UNROLL for (int m = 0; m < MR; ++m) {
+      const __m256i a = four_inputs(x.a + (m0 + m) * x.K + g * kGroup + 4 * j);
+      if (j % 2) odd[m] = _mm256_dpbusd_epi32(odd[m], shifted, a);
+      else sum[m] = _mm256_dpbusd_epi32(sum[m], shifted, a);
+    }
+  }
+  UNROLL for (int m = 0; m < MR; ++m) sum[m] = _mm256_add_epi32(sum[m], odd[m]);
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i part[MR];
+  UNROLL for (int j = 0; j < 8; ++j) {
+    const __m256i levels = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j));
+    const __m256i magnitudes = _mm256_sign_epi8(levels, levels);
+    UNROLL for (int m = 0; m < MR; ++m) {
+      const __m256i a = _mm256_sign_epi8(four_inputs(x.a + (m0 + m) * x.K + g * kGroup + 4 * j), levels);
+      const __m256i p = _mm256_maddubs_epi16(magnitudes, a);
+      part[m] = j % P == 0 ? p : _mm256_add_epi16(part[m], p);
+      if (j % P == P - 1) {
+        const __m256i wide = _mm256_madd_epi16(part[m], ones);
+        sum[m] = j == P - 1 ? wide : _mm256_add_epi32(sum[m], wide);
+      }
+    }
+  }
+#endif
+}
+
 template <int MR, int P>
 inline void int8_tile(const Activations& x, const Int8Weights& w, int64_t m0, int64_t b, int64_t N, float* out) {
-  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MR];
   UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
   const int8_t* q = w.q + b * w.G * 256;
@@ -197,30 +241,130 @@ inline void int8_tile(const Activations& x, const Int8Weights& w, int64_t m0, in
   for (int64_t g = 0; g < w.G; ++g) {
     prefetch_lines(q + g * 256, 4);
     __m256i sum[MR];
-    [[maybe_unused]] __m256i part[MR];
-    UNROLL for (int j = 0; j < 8; ++j) {
-      const __m256i levels = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * 256 + 32 * j));
-      const __m256i magnitudes = _mm256_sign_epi8(levels, levels);
-      UNROLL for (int m = 0; m < MR; ++m) {
-        const __m256i a = _mm256_sign_epi8(four_inputs(x.a + (m0 + m) * x.K + g * kGroup + 4 * j), levels);
-#if TR_VNNI
-        sum[m] = _mm256_dpbusd_epi32(j == 0 ? _mm256_setzero_si256() : sum[m], magnitudes, a);
-#else
-        const __m256i p = _mm256_maddubs_epi16(magnitudes, a);
-        part[m] = j % P == 0 ? p : _mm256_add_epi16(part[m], p);
-        if (j % P == P - 1) {
-          const __m256i wide = _mm256_madd_epi16(part[m], ones);
-          sum[m] = j == P - 1 ? wide : _mm256_add_epi32(sum[m], wide);
-        }
-#endif
-      }
-    }
+    int8_dots<MR, P>(x, q + g * 256, m0, g, sum);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(d + g * 8)));
     UNROLL for (int m = 0; m < MR; ++m)
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[m]), _mm256_mul_ps(dw, _mm256_broadcast_ss(x.d + (m0 + m) * x.G + g)), acc[m]);
   }
   UNROLL for (int m = 0; m < MR; ++m) _mm256_storeu_ps(out + (m0 + m) * N + b * 8, acc[m]);
 }
+
+#if TR_VNNI
+// A pair tile's prefetches: kPrefetchBytes ahead of its group in each block's own stream of weights,
+// which goes on two blocks later (the next pair's), not into the pair's other block; into L2, not L1
+// (with L1, 2-8 rows ran at half the speed on a Zen 4: benchmarks/kernel_rows.py).
+class PairAhead {
+ public:
+  PairAhead(int64_t block_bytes, int64_t group_bytes)
+      : block_(block_bytes), group_(group_bytes), offset_(kPrefetchBytes % block_bytes),
+        skip_(2 * block_bytes * (kPrefetchBytes / block_bytes)) {}
+  void fetch(const void* block, int lines) const {
+    const char* at = static_cast<const char*>(block) + skip_ + offset_;
+    for (int i = 0; i < lines; ++i) _mm_prefetch(at + 64 * i, _MM_HINT_T1);
+  }
+  void next() {
+    offset_ += group_;
+    if (offset_ >= block_) offset_ -= block_, skip_ += 2 * block_;
+  }
+
+ private:
+  int64_t block_, group_, offset_, skip_;
+};
+
+// Rows per tile of the pair tiles: a row holds a sum and an accumulator (two of the 32 registers).
+constexpr int kPairRows = 12;
+
+// Several rows on AVX-512: blocks b and b+1 side by side in 512-bit registers, so a row's broadcast of
+// four activations serves 16 columns, and a tile of up to 12 rows reads each weight once (on a Zen 4,
+// one thread, the 0.5B's shapes: int8 at 8 rows 1.2-1.4x, int4 1.2x the multiply-adds a second of
+// the one-block tiles). Lane for lane the operations of int8_tile (the same integer sums, then
+// acc += dots * (d_w * d_x)): the same bits.
+template <int MR>
+inline void int8_pair_tile(const Activations& x, const Int8Weights& w, int64_t m0, int64_t b, int64_t N, float* out) {
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[MR];
+  UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  const int8_t* q0 = w.q + b * w.G * 256;
+  const int8_t* q1 = q0 + w.G * 256;
+  const uint16_t* d0 = w.d + b * w.G * 8;
+  const uint16_t* d1 = d0 + w.G * 8;
+  PairAhead ahead(w.G * 256, 256);
+  for (int64_t g = 0; g < w.G; ++g) {
+    ahead.fetch(q0, 4);
+    ahead.fetch(q1, 4);
+    ahead.next();
+    __m512i sum[MR];
+    UNROLL for (int m = 0; m < MR; ++m) sum[m] = _mm512_set1_epi32(x.minus[(m0 + m) * x.G + g]);
+    UNROLL for (int j = 0; j < 8; ++j) {
+      const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + g * 256 + 32 * j));
+      const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q1 + g * 256 + 32 * j));
+      const __m512i shifted = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1), flip);
+      UNROLL for (int m = 0; m < MR; ++m) {
+        int32_t four;
+        std::memcpy(&four, x.a + (m0 + m) * x.K + g * kGroup + 4 * j, 4);
+        sum[m] = _mm512_dpbusd_epi32(sum[m], shifted, _mm512_set1_epi32(four));
+      }
+    }
+    const __m128i h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d0 + g * 8));
+    const __m128i h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d1 + g * 8));
+    const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1));
+    UNROLL for (int m = 0; m < MR; ++m)
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(m0 + m) * x.G + g])), acc[m]);
+  }
+  UNROLL for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + (m0 + m) * N + b * 8, acc[m]);
+}
+
+// Int4's pair of blocks: each 32 bytes of a block unpacked once for the tile's rows, as in int4_tile.
+template <int MR>
+inline void int4_pair_tile(const Activations& x, const Int4Weights& w, int64_t m0, int64_t b, int64_t N, float* out) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[MR];
+  UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
+  const uint8_t* q0 = w.q + b * w.G * 128;
+  const uint8_t* q1 = q0 + w.G * 128;
+  const int64_t second = w.G * 8;  // from block b's steps and minimums to block b+1's
+  const uint16_t* d = w.d + b * w.G * 8;
+  const uint16_t* mn = w.mn + b * w.G * 8;
+  auto halves = [second](const uint16_t* v) __attribute__((always_inline)) {
+    const __m128i h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
+    const __m128i h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + second));
+    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1));
+  };
+  PairAhead ahead(w.G * 128, 128);
+  for (int64_t g = 0; g < w.G; ++g) {
+    ahead.fetch(q0, 2);
+    ahead.fetch(q1, 2);
+    ahead.next();
+    __m512i sum[MR];
+    UNROLL for (int m = 0; m < MR; ++m) sum[m] = _mm512_setzero_si512();
+    UNROLL for (int i = 0; i < 4; ++i) {
+      const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + g * 128 + 32 * i));
+      const __m256i next = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q1 + g * 128 + 32 * i));
+      const __m512i packed = _mm512_inserti64x4(_mm512_castsi256_si512(first), next, 1);
+      const __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+      UNROLL for (int m = 0; m < MR; ++m) {
+        const int8_t* a = x.a + (m0 + m) * x.K + g * kGroup;
+        int32_t four_lo, four_hi;
+        std::memcpy(&four_lo, a + 4 * i, 4);
+        std::memcpy(&four_hi, a + 4 * (i + 4), 4);
+        sum[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum[m], lo, _mm512_set1_epi32(four_lo)), hi, _mm512_set1_epi32(four_hi));
+      }
+    }
+    const __m512 dw = halves(d + g * 8), mw = halves(mn + g * 8);
+    UNROLL for (int m = 0; m < MR; ++m) {
+      const int64_t at = (m0 + m) * x.G + g;
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at])), acc[m]);
+      acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[at]), acc[m]);
+    }
+  }
+  UNROLL for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + (m0 + m) * N + b * 8, acc[m]);
+}
+
+// From how many rows the pairs of blocks take over: below, the weights' two streams from memory cost
+// more than the broadcasts they save (int8's, at twice int4's bytes, up to 3 rows on the 0.5B's head).
+template <class W>
+constexpr int64_t kPairFromRows = std::is_same_v<W, Int4Weights> ? 2 : 4;
+#endif
 
 // How many products of block b's levels add up exactly in int16 (8, 4, 2 or 1: see int8_tile), from
 // its widest level; a block of full-width levels (Q8_0's reach 127 in nearly every group) is known
@@ -258,6 +402,18 @@ inline void block_rows(int64_t M, Tile&& tile) {
   int64_t m = 0;
   for (; m + MR <= M; m += MR) tile(std::integral_constant<int, MR>{}, m);
   rest_rows<MR - 1>(M - m, m, tile);
+}
+
+// The same in tiles of nearly equal size (16 rows as 8 + 8, not 12 + 4: a small last tile wastes
+// the pass over the weights it shares).
+template <int MR, class Tile>
+inline void even_rows(int64_t M, Tile&& tile) {
+  const int64_t tiles = (M + MR - 1) / MR;
+  for (int64_t t = 0, m = 0; t < tiles; ++t) {
+    const int64_t rows = M / tiles + (t < M % tiles);
+    rest_rows<MR>(rows, m, tile);
+    m += rows;
+  }
 }
 
 #if TR_AMX
@@ -459,9 +615,10 @@ at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
 #endif
   at::Tensor levels = at::empty({padded, K}, x.options().dtype(at::kChar));
   at::Tensor steps = at::empty({2, M, G}, x.options());
+  at::Tensor minus = at::empty({M, G}, x.options().dtype(at::kInt));
   float* d = steps.data_ptr<float>();
-  quantize_rows(x.data_ptr<float>(), M, K, levels.data_ptr<int8_t>(), d, d + M * G);
-  const Activations a{levels.data_ptr<int8_t>(), d, d + M * G, K, G};
+  quantize_rows(x.data_ptr<float>(), M, K, levels.data_ptr<int8_t>(), d, d + M * G, minus.data_ptr<int32_t>());
+  const Activations a{levels.data_ptr<int8_t>(), d, d + M * G, minus.data_ptr<int32_t>(), K, G};
   at::Tensor out = at::empty({M, N}, x.options());
   float* o = out.data_ptr<float>();
 #if TR_AMX
@@ -470,6 +627,24 @@ at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
       tile_matmul<true>(a, TileWeights<true>{w.q, w.d, w.mn, G}, M, N, o);
     else
       tile_matmul<false>(a, TileWeights<false>{w.q, w.d, nullptr, G}, M, N, o);
+    return out;
+  }
+#endif
+#if TR_VNNI
+  if (M >= kPairFromRows<W>) {
+    const int64_t blocks = N / 8;
+    at::parallel_for(0, blocks / 2, 2, [&](int64_t begin, int64_t end) {
+      for (int64_t p = begin; p < end; ++p)
+        even_rows<kPairRows>(M, [&](auto rows, int64_t m) {
+          if constexpr (std::is_same_v<W, Int4Weights>) int4_pair_tile<decltype(rows)::value>(a, w, m, 2 * p, N, o);
+          else int8_pair_tile<decltype(rows)::value>(a, w, m, 2 * p, N, o);
+        });
+    });
+    if (blocks % 2 == 0) return out;
+    if constexpr (std::is_same_v<W, Int4Weights>)
+      block_rows<kInt4Rows>(M, [&](auto rows, int64_t m) { int4_tile<decltype(rows)::value>(a, w, m, blocks - 1, N, o); });
+    else
+      int8_block(a, w, M, blocks - 1, N, o);
     return out;
   }
 #endif
