@@ -258,11 +258,12 @@ class PairAhead {
   PairAhead(int64_t block_bytes, int64_t group_bytes)
       : block_(block_bytes), group_(group_bytes), offset_(kPrefetchBytes % block_bytes),
         skip_(2 * block_bytes * (kPrefetchBytes / block_bytes)) {}
-  void fetch(const void* block, int lines) const {
-    const char* at = static_cast<const char*>(block) + skip_ + offset_;
-    for (int i = 0; i < lines; ++i) _mm_prefetch(at + 64 * i, _MM_HINT_T1);
-  }
-  void next() {
+  // The group after next's lines of both blocks, then on to the next group.
+  void fetch(const void* first, const void* second) {
+    for (const void* block : {first, second}) {
+      const char* at = static_cast<const char*>(block) + skip_ + offset_;
+      for (int64_t i = 0; i < group_; i += 64) _mm_prefetch(at + i, _MM_HINT_T1);
+    }
     offset_ += group_;
     if (offset_ >= block_) offset_ -= block_, skip_ += 2 * block_;
   }
@@ -273,6 +274,20 @@ class PairAhead {
 
 // Rows per tile of the pair tiles: a row holds a sum and an accumulator (two of the 32 registers).
 constexpr int kPairRows = 12;
+
+// 32 bytes of each block as one 512-bit register, block b's first.
+inline __m512i pair_bytes(const void* first, const void* second) {
+  const __m256i low = _mm256_loadu_si256(static_cast<const __m256i*>(first));
+  const __m256i high = _mm256_loadu_si256(static_cast<const __m256i*>(second));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+}
+
+// Eight float16 of each block (its steps or minimums of one group) as 16 floats, block b's first.
+inline __m512 pair_halves(const uint16_t* first, const uint16_t* second) {
+  const __m128i low = _mm_loadu_si128(reinterpret_cast<const __m128i*>(first));
+  const __m128i high = _mm_loadu_si128(reinterpret_cast<const __m128i*>(second));
+  return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1));
+}
 
 // Several rows on AVX-512: blocks b and b+1 side by side in 512-bit registers, so a row's broadcast of
 // four activations serves 16 columns, and a tile of up to 12 rows reads each weight once (on a Zen 4,
@@ -290,24 +305,18 @@ inline void int8_pair_tile(const Activations& x, const Int8Weights& w, int64_t m
   const uint16_t* d1 = d0 + w.G * 8;
   PairAhead ahead(w.G * 256, 256);
   for (int64_t g = 0; g < w.G; ++g) {
-    ahead.fetch(q0, 4);
-    ahead.fetch(q1, 4);
-    ahead.next();
+    ahead.fetch(q0, q1);
     __m512i sum[MR];
     UNROLL for (int m = 0; m < MR; ++m) sum[m] = _mm512_set1_epi32(x.minus[(m0 + m) * x.G + g]);
     UNROLL for (int j = 0; j < 8; ++j) {
-      const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + g * 256 + 32 * j));
-      const __m256i second = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q1 + g * 256 + 32 * j));
-      const __m512i shifted = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(first), second, 1), flip);
+      const __m512i shifted = _mm512_xor_si512(pair_bytes(q0 + g * 256 + 32 * j, q1 + g * 256 + 32 * j), flip);
       UNROLL for (int m = 0; m < MR; ++m) {
         int32_t four;
         std::memcpy(&four, x.a + (m0 + m) * x.K + g * kGroup + 4 * j, 4);
         sum[m] = _mm512_dpbusd_epi32(sum[m], shifted, _mm512_set1_epi32(four));
       }
     }
-    const __m128i h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d0 + g * 8));
-    const __m128i h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(d1 + g * 8));
-    const __m512 dw = _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1));
+    const __m512 dw = pair_halves(d0 + g * 8, d1 + g * 8);
     UNROLL for (int m = 0; m < MR; ++m)
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[(m0 + m) * x.G + g])), acc[m]);
   }
@@ -322,25 +331,16 @@ inline void int4_pair_tile(const Activations& x, const Int4Weights& w, int64_t m
   UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
   const uint8_t* q0 = w.q + b * w.G * 128;
   const uint8_t* q1 = q0 + w.G * 128;
-  const int64_t second = w.G * 8;  // from block b's steps and minimums to block b+1's
   const uint16_t* d = w.d + b * w.G * 8;
   const uint16_t* mn = w.mn + b * w.G * 8;
-  auto halves = [second](const uint16_t* v) __attribute__((always_inline)) {
-    const __m128i h0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v));
-    const __m128i h1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + second));
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(h0), h1, 1));
-  };
+  const int64_t next = w.G * 8;  // from block b's steps and minimums to block b+1's
   PairAhead ahead(w.G * 128, 128);
   for (int64_t g = 0; g < w.G; ++g) {
-    ahead.fetch(q0, 2);
-    ahead.fetch(q1, 2);
-    ahead.next();
+    ahead.fetch(q0, q1);
     __m512i sum[MR];
     UNROLL for (int m = 0; m < MR; ++m) sum[m] = _mm512_setzero_si512();
     UNROLL for (int i = 0; i < 4; ++i) {
-      const __m256i first = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q0 + g * 128 + 32 * i));
-      const __m256i next = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q1 + g * 128 + 32 * i));
-      const __m512i packed = _mm512_inserti64x4(_mm512_castsi256_si512(first), next, 1);
+      const __m512i packed = pair_bytes(q0 + g * 128 + 32 * i, q1 + g * 128 + 32 * i);
       const __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
       UNROLL for (int m = 0; m < MR; ++m) {
         const int8_t* a = x.a + (m0 + m) * x.K + g * kGroup;
@@ -350,7 +350,7 @@ inline void int4_pair_tile(const Activations& x, const Int4Weights& w, int64_t m
         sum[m] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(sum[m], lo, _mm512_set1_epi32(four_lo)), hi, _mm512_set1_epi32(four_hi));
       }
     }
-    const __m512 dw = halves(d + g * 8), mw = halves(mn + g * 8);
+    const __m512 dw = pair_halves(d + g * 8, d + next + g * 8), mw = pair_halves(mn + g * 8, mn + next + g * 8);
     UNROLL for (int m = 0; m < MR; ++m) {
       const int64_t at = (m0 + m) * x.G + g;
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[m]), _mm512_mul_ps(dw, _mm512_set1_ps(x.d[at])), acc[m]);
