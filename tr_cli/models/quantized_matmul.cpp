@@ -291,7 +291,7 @@ inline __m512 pair_halves(const uint16_t* first, const uint16_t* second) {
 
 // Several rows on AVX-512: blocks b and b+1 side by side in 512-bit registers, so a row's broadcast of
 // four activations serves 16 columns, and a tile of up to 12 rows reads each weight once (on a Zen 4,
-// one thread, the 0.5B's shapes: int8 at 8 rows 1.2-1.4x, int4 1.2x the multiply-adds a second of
+// one thread, the 0.5B's shapes: int8 at 8 rows 1.4-1.8x, int4 1.2x the multiply-adds a second of
 // the one-block tiles). Lane for lane the operations of int8_tile (the same integer sums, then
 // acc += dots * (d_w * d_x)): the same bits.
 template <int MR>
