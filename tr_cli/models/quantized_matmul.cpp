@@ -604,6 +604,14 @@ inline void int8_block(const Activations& a, const Int8Weights& w, int64_t M, in
 #endif
 }
 
+// Block b's rows with one block of columns per tile (int4's row tiles, int8_block).
+inline void one_block(const Activations& a, const Int4Weights& w, int64_t M, int64_t b, int64_t N, float* o) {
+  block_rows<kInt4Rows>(M, [&](auto rows, int64_t m) { int4_tile<decltype(rows)::value>(a, w, m, b, N, o); });
+}
+inline void one_block(const Activations& a, const Int8Weights& w, int64_t M, int64_t b, int64_t N, float* o) {
+  int8_block(a, w, M, b, N, o);
+}
+
 template <class W>
 at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1), G = w.G;
@@ -614,11 +622,12 @@ at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
   const int64_t padded = M;
 #endif
   at::Tensor levels = at::empty({padded, K}, x.options().dtype(at::kChar));
-  at::Tensor steps = at::empty({2, M, G}, x.options());
-  at::Tensor minus = at::empty({M, G}, x.options().dtype(at::kInt));
+  // Steps, their sums and the int32 -128 * sum(a) in one allocation (its third plane holds int32).
+  at::Tensor steps = at::empty({3, M, G}, x.options());
   float* d = steps.data_ptr<float>();
-  quantize_rows(x.data_ptr<float>(), M, K, levels.data_ptr<int8_t>(), d, d + M * G, minus.data_ptr<int32_t>());
-  const Activations a{levels.data_ptr<int8_t>(), d, d + M * G, minus.data_ptr<int32_t>(), K, G};
+  int32_t* minus = reinterpret_cast<int32_t*>(d + 2 * M * G);
+  quantize_rows(x.data_ptr<float>(), M, K, levels.data_ptr<int8_t>(), d, d + M * G, minus);
+  const Activations a{levels.data_ptr<int8_t>(), d, d + M * G, minus, K, G};
   at::Tensor out = at::empty({M, N}, x.options());
   float* o = out.data_ptr<float>();
 #if TR_AMX
@@ -640,21 +649,12 @@ at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
           else int8_pair_tile<decltype(rows)::value>(a, w, m, 2 * p, N, o);
         });
     });
-    if (blocks % 2 == 0) return out;
-    if constexpr (std::is_same_v<W, Int4Weights>)
-      block_rows<kInt4Rows>(M, [&](auto rows, int64_t m) { int4_tile<decltype(rows)::value>(a, w, m, blocks - 1, N, o); });
-    else
-      int8_block(a, w, M, blocks - 1, N, o);
+    if (blocks % 2) one_block(a, w, M, blocks - 1, N, o);
     return out;
   }
 #endif
   at::parallel_for(0, N / 8, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      if constexpr (std::is_same_v<W, Int4Weights>)
-        block_rows<kInt4Rows>(M, [&](auto rows, int64_t m) { int4_tile<decltype(rows)::value>(a, w, m, b, N, o); });
-      else
-        int8_block(a, w, M, b, N, o);
-    }
+    for (int64_t b = begin; b < end; ++b) one_block(a, w, M, b, N, o);
   });
   return out;
 }
