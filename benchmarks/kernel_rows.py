@@ -29,8 +29,9 @@ MODELS = {  # hidden, intermediate, heads, kv heads, head dim, vocabulary
     "qwen1.5b": (1536, 8960, 12, 2, 128, 151936),
 }
 BUILDS = {"avx2": "AVX2", "vnni": "AVX512-VNNI", "amx": "AMX"}
-# Which peak each build's dot products run against (instruction_peak.c's names; AMX: its tile shape
-# at that many rows, capped at 16, the most a tile holds). The AVX2 build sums int4's and Q5_0's
+# Which peak each build's dot products run against (instruction_peak.c's names; the AMX build from
+# the rows where its tiles take over (the kernels' tile_from_rows): the tile shape at that many rows,
+# capped at 16, the most a tile holds; below them it runs the VNNI code). The AVX2 build sums int4's and Q5_0's
 # products in int16 (a vpmaddwd per group, not per product): their ceiling is the int16 mix.
 # The VNNI build's pair tiles run vpdpbusd on 512-bit registers (twice the ymm rate on a Zen 5).
 _PEAK_OF = {"AVX2": "avx2_maddubs", "AVX512-VNNI": "vnni_zmm"}
@@ -89,7 +90,7 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
     native_kernels.load(kernels_dir(cache_dir()))
     build = native_kernels.instruction_set()
-    tiles = torch.ops.tr_kernels.uses_tiles()
+    tiles = torch.ops.tr_kernels.tile_from_rows()
     results = []
     for model in args.models.split(","):
         for name, (outputs, inputs) in shapes(model).items():
@@ -131,8 +132,8 @@ def measure(args: argparse.Namespace) -> list[dict]:
     return results
 
 
-def _peak_for(build: str, kind: str, rows: int, peak: dict[str, float]) -> float:
-    if build == "AMX" and rows > 1:
+def _peak_for(build: str, kind: str, rows: int, peak: dict[str, float], tiles: int) -> float:
+    if build == "AMX" and 0 < tiles <= rows:
         return peak.get(f"amx_{min(16, 1 << (rows.bit_length() - 1))}x32x8", float("nan"))
     if build == "AVX2" and kind in _AVX2_INT16_KINDS:
         return peak["avx2_int16"]
@@ -184,7 +185,7 @@ def main() -> None:
             if r is None:
                 cells.append(f"{'-':>12}")
                 continue
-            share = 100 * r["gmacs"] / (_peak_for(build, kind, n, peak) * threads)
+            share = 100 * r["gmacs"] / (_peak_for(build, kind, n, peak, r["tiles"]) * threads)
             cells.append(f"{r['gmacs']:>6.1f} ({share:>3.0f}%)")
         print(f"{model:<9} {matrix:<8} {kind:<7} {build:<12} {threads:>3} " + " ".join(cells))
     if args.json:

@@ -422,8 +422,7 @@ inline void even_rows(int64_t M, Tile&& tile) {
 // unsigned levels): the block's weights are read (int4: unpacked) once for all rows, and a row costs
 // only its group's float scaling, lane for lane the AVX2 build's operations in its order
 // (acc += dots * (d_w * d_x), then int4's min_w * s_x), so every build gives the same bits.
-// Two column blocks at a time fill a 16-float register; groups alternate between two sets of tiles
-// so that one group's tile products overlap the previous group's scaling.
+// Two column blocks at a time fill a 16-float register; groups alternate between two sets of tiles.
 
 // Linux hands out the 8 KB of tile state only on request, once per process; refused (an old
 // kernel, a VM that hides it), the VNNI code of the same build runs.
@@ -443,37 +442,36 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Two sets of tiles, for even and odd groups (so that one group's products overlap the other's
-// scaling): sums 0 / 3 (rows x 16 int32), activations 1 / 4 (rows x 32), levels 2 / 5 (8 x 64 bytes).
+// Int4: two sets of tiles, for even and odd groups (consecutive products need not wait for each
+// other): sums 0 / 3 (rows x 16 int32), activations 1 / 4 (rows x 32), unpacked levels 2 / 5 (8 x 64
+// bytes). Int8 reads its levels straight from the weights, a block (8 columns) a tile: sums 0 and 1
+// (rows x 8 int32, blocks b and b+1), then activations and the two blocks' levels 2-4 / 5-7 (8 x 32).
+template <bool kInt4>
 void configure_tiles(int rows) {
   TileConfig c;
-  for (int t : {0, 3}) c.rows[t] = rows, c.colsb[t] = 64;
-  for (int t : {1, 4}) c.rows[t] = rows, c.colsb[t] = kGroup;
-  for (int t : {2, 5}) c.rows[t] = 8, c.colsb[t] = 64;
+  if constexpr (kInt4) {
+    for (int t : {0, 3}) c.rows[t] = rows, c.colsb[t] = 64;
+    for (int t : {1, 4}) c.rows[t] = rows, c.colsb[t] = kGroup;
+    for (int t : {2, 5}) c.rows[t] = 8, c.colsb[t] = 64;
+  } else {
+    for (int t : {0, 1, 2, 5}) c.rows[t] = rows, c.colsb[t] = 32;
+    for (int t : {3, 4, 6, 7}) c.rows[t] = 8, c.colsb[t] = 32;
+  }
   // Not _tile_loadconfig: GCC 12 does not see that it reads the whole struct and drops the stores.
   asm volatile("ldtilecfg %0" ::"m"(c));
 }
 
-// One group's levels of blocks b and b+1 as one tile of 8 rows (4 inputs each) x 16 columns, block b's
-// 8 columns first: int8 as they are, int4 unpacked (vector i of a block's packed 128 bytes holds inputs
-// 4i..4i+3 in its low nibbles, 4(i+4).. in its high ones). A lone last block fills both halves.
-template <bool kInt4>
-__attribute__((always_inline)) inline void pair_levels(const uint8_t* first, const uint8_t* second, uint8_t* out) {
-  if constexpr (kInt4) {
-    const __m512i low = _mm512_set1_epi8(0x0F);
-    for (int k = 0; k < 2; ++k) {
-      const __m512i a = _mm512_loadu_si512(first + 64 * k), b = _mm512_loadu_si512(second + 64 * k);
-      const __m512i rows[2] = {_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE)};
-      for (int r = 0; r < 2; ++r) {
-        _mm512_store_si512(out + 64 * (2 * k + r), _mm512_and_si512(rows[r], low));
-        _mm512_store_si512(out + 64 * (2 * k + r + 4), _mm512_and_si512(_mm512_srli_epi16(rows[r], 4), low));
-      }
-    }
-  } else {
-    for (int k = 0; k < 4; ++k) {
-      const __m512i a = _mm512_loadu_si512(first + 64 * k), b = _mm512_loadu_si512(second + 64 * k);
-      _mm512_store_si512(out + 64 * (2 * k), _mm512_shuffle_i64x2(a, b, 0x44));
-      _mm512_store_si512(out + 64 * (2 * k + 1), _mm512_shuffle_i64x2(a, b, 0xEE));
+// One group's int4 levels of blocks b and b+1 unpacked as one tile of 8 rows (4 inputs each) x 16
+// columns, block b's 8 columns first (vector i of a block's packed 128 bytes holds inputs 4i..4i+3 in
+// its low nibbles, 4(i+4).. in its high ones). A lone last block fills both halves.
+__attribute__((always_inline)) inline void unpack_pair(const uint8_t* first, const uint8_t* second, uint8_t* out) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int k = 0; k < 2; ++k) {
+    const __m512i a = _mm512_loadu_si512(first + 64 * k), b = _mm512_loadu_si512(second + 64 * k);
+    const __m512i rows[2] = {_mm512_shuffle_i64x2(a, b, 0x44), _mm512_shuffle_i64x2(a, b, 0xEE)};
+    for (int r = 0; r < 2; ++r) {
+      _mm512_store_si512(out + 64 * (2 * k + r), _mm512_and_si512(rows[r], low));
+      _mm512_store_si512(out + 64 * (2 * k + r + 4), _mm512_and_si512(_mm512_srli_epi16(rows[r], 4), low));
     }
   }
 }
@@ -487,51 +485,51 @@ struct TileWeights {
 };
 
 // The tile instructions name their tiles by number in the instruction itself (macros that paste
-// the number): one copy of a group's tile work per set of tiles.
-#define TR_GROUP_TILES(C, A, B)                                              \
-  _tile_loadd(A, x.a + m0 * x.K + g * kGroup, x.K);                         \
-  _tile_loadd(B, levels, 64);                                                \
-  _tile_zero(C);                                                             \
-  if constexpr (kInt4) _tile_dpbsud(C, A, B); else _tile_dpbssd(C, A, B);    \
-  _tile_stored(C, sums, 64);
+// the number): one copy of a group's tile work per set of tiles. Int4 from its unpacked levels:
+#define TR_INT4_TILES(I, C, A, B)                                                  \
+  _tile_loadd(A, x.a + m0 * x.K + (g0 + (I)) * kGroup, x.K);                      \
+  _tile_loadd(B, levels[I], 64);                                                   \
+  _tile_zero(C);                                                                   \
+  _tile_dpbsud(C, A, B);                                                           \
+  _tile_stored(C, sums[I], 64);
+// Int8 from the weights themselves: a block's group is its tile of levels as packed (8 x 32 bytes),
+// each block's sums into its half of the row's 16 int32 (a lone last block: both halves its own).
+#define TR_INT8_TILES(I, A, B0, B1)                                                 \
+  ahead.fetch(first + (g0 + (I)) * bytes, second + (g0 + (I)) * bytes);             \
+  _tile_loadd(A, x.a + m0 * x.K + (g0 + (I)) * kGroup, x.K);                       \
+  _tile_loadd(B0, first + (g0 + (I)) * bytes, 32);                                  \
+  _tile_loadd(B1, second + (g0 + (I)) * bytes, 32);                                 \
+  _tile_zero(0);                                                                    \
+  _tile_zero(1);                                                                    \
+  _tile_dpbssd(0, A, B0);                                                           \
+  _tile_dpbssd(1, A, B1);                                                           \
+  _tile_stored(0, sums[I], 64);                                                     \
+  _tile_stored(1, sums[I] + 8, 64);
 
-// One group's integer sums for rows m0.. (the tiles' row count) and blocks b, b+1 (b twice for a
-// lone block) into sums (16 int32 a row); odd groups on the second set of tiles.
-template <bool kInt4, int NB, bool kOdd>
-__attribute__((always_inline)) inline void group_sums(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t g,
-                       uint8_t* levels, int32_t* sums) {
-  constexpr int64_t bytes = kInt4 ? 128 : 256;
-  const uint8_t* first = static_cast<const uint8_t*>(w.q) + (b * w.G + g) * bytes;
-  const uint8_t* second = NB == 2 ? first + w.G * bytes : first;
-  prefetch_lines(first, bytes / 64);
-  if constexpr (NB == 2) prefetch_lines(second, bytes / 64);
-  pair_levels<kInt4>(first, second, levels);
-  if constexpr (kOdd) {
-    TR_GROUP_TILES(3, 4, 5)
-  } else {
-    TR_GROUP_TILES(0, 1, 2)
-  }
-}
+// Groups per run of tile_rows' phases. A tile load waits for the vector stores before it (int4's
+// unpacked levels) and the scaling's vector loads for the tile stores of the sums: group by group
+// those waits were in series (at 8 rows the tiles ran at half the VNNI pair tiles' speed). In runs,
+// a run's levels are all laid out before its first tile load, its sums all stored before the first
+// is scaled. 16 groups: 8 KB of levels and 16 KB of sums (16 rows), within L1.
+constexpr int64_t kTileRun = 16;
 
-// Rows m0..m0+MR of blocks b..b+NB-1: every group's sums from the tiles, scaled in registers.
+// Rows m0..m0+MR of blocks b..b+NB-1 (b twice for a lone block): run by run, int4's levels
+// unpacked, the groups' integer sums from the tiles (even and odd groups on two sets of
+// tiles, so that consecutive products need not wait for each other), then scaled in registers in
+// group order.
 template <bool kInt4, int NB, int MR>
 void tile_rows(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t N, float* out) {
-  alignas(64) uint8_t levels[2][512];
-  alignas(64) int32_t sums[2][kTileRows * 16];
+  constexpr int64_t bytes = kInt4 ? 128 : 256;
+  [[maybe_unused]] alignas(64) uint8_t levels[kInt4 ? kTileRun : 1][512];  // int4's unpacked levels
+  alignas(64) int32_t sums[kTileRun][kTileRows * 16];  // the tiles' rows, which may be more than MR
   const __mmask16 lanes = NB == 2 ? 0xFFFF : 0x00FF;
   __m512 acc[MR];
   UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
-  auto half_words = [&](const uint16_t* v, int64_t g) __attribute__((always_inline)) {
-    const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + (b * w.G + g) * 8));
-    const __m128i hi = NB == 2 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + ((b + 1) * w.G + g) * 8))
-                               : _mm_setzero_si128();
-    return _mm512_cvtph_ps(_mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1));
-  };
   // Inlined, or the accumulators (caller-saved registers) would go to memory around each call.
   auto scale = [&](int64_t g, const int32_t* s) __attribute__((always_inline)) {
-    const __m512 dw = half_words(w.d, g);
+    const __m512 dw = pair_halves(w.d + (b * w.G + g) * 8, w.d + ((b + NB - 1) * w.G + g) * 8);
     [[maybe_unused]] __m512 mw;
-    if constexpr (kInt4) mw = half_words(w.mn, g);
+    if constexpr (kInt4) mw = pair_halves(w.mn + (b * w.G + g) * 8, w.mn + ((b + NB - 1) * w.G + g) * 8);
     UNROLL for (int m = 0; m < MR; ++m) {
       const int64_t at = (m0 + m) * x.G + g;
       const __m512 dots = _mm512_cvtepi32_ps(_mm512_load_si512(s + 16 * m));
@@ -539,16 +537,34 @@ void tile_rows(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, in
       if constexpr (kInt4) acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(x.s[at]), acc[m]);
     }
   };
-  int64_t g = 0;
-  for (; g + 2 <= w.G; g += 2) {
-    group_sums<kInt4, NB, false>(x, w, m0, b, g, levels[0], sums[0]);
-    group_sums<kInt4, NB, true>(x, w, m0, b, g + 1, levels[1], sums[1]);
-    scale(g, sums[0]);
-    scale(g + 1, sums[1]);
-  }
-  if (g < w.G) {
-    group_sums<kInt4, NB, false>(x, w, m0, b, g, levels[0], sums[0]);
-    scale(g, sums[0]);
+  const uint8_t* first = static_cast<const uint8_t*>(w.q) + b * w.G * bytes;
+  const uint8_t* second = first + (NB - 1) * w.G * bytes;
+  PairAhead ahead(w.G * bytes, bytes);
+  for (int64_t g0 = 0; g0 < w.G; g0 += kTileRun) {
+    const int64_t run = std::min(kTileRun, w.G - g0);
+    int64_t i = 0;
+    if constexpr (kInt4) {
+      for (; i < run; ++i) {
+        ahead.fetch(first + (g0 + i) * bytes, second + (g0 + i) * bytes);
+        unpack_pair(first + (g0 + i) * bytes, second + (g0 + i) * bytes, levels[i]);
+      }
+      for (i = 0; i + 2 <= run; i += 2) {
+        TR_INT4_TILES(i, 0, 1, 2)
+        TR_INT4_TILES(i + 1, 3, 4, 5)
+      }
+      if (i < run) {
+        TR_INT4_TILES(i, 0, 1, 2)
+      }
+    } else {
+      for (; i + 2 <= run; i += 2) {
+        TR_INT8_TILES(i, 2, 3, 4)
+        TR_INT8_TILES(i + 1, 5, 6, 7)
+      }
+      if (i < run) {
+        TR_INT8_TILES(i, 2, 3, 4)
+      }
+    }
+    for (int64_t j = 0; j < run; ++j) scale(g0 + j, sums[j]);
   }
   UNROLL for (int m = 0; m < MR; ++m) _mm512_mask_storeu_ps(out + (m0 + m) * N + b * 8, lanes, acc[m]);
 }
@@ -565,7 +581,7 @@ template <bool kInt4>
 void tile_matmul(const Activations& x, const TileWeights<kInt4>& w, int64_t M, int64_t N, float* out) {
   const int64_t blocks = N / 8, pairs = (blocks + 1) / 2;
   at::parallel_for(0, pairs, 2, [&](int64_t begin, int64_t end) {
-    configure_tiles(static_cast<int>(std::min<int64_t>(M, kTileRows)));
+    configure_tiles<kInt4>(static_cast<int>(std::min<int64_t>(M, kTileRows)));
     for (int64_t p = begin; p < end; ++p) {
       const int64_t b = 2 * p;
       for (int64_t m = 0; m < M; m += kTileRows) {
@@ -578,11 +594,11 @@ void tile_matmul(const Activations& x, const TileWeights<kInt4>& w, int64_t M, i
   });
 }
 
-// From how many rows the tiles take over: a group's tile work (levels paired and unpacked, tile
-// loads and stores) costs what the VNNI code spends on about 4-8 rows (benchmarks/kernel_rows.py,
-// one thread, weights in L2: int4 AMX = VNNI at 8 rows, 1.4x faster at 16; int8 1.3x at 8).
-template <class W>
-constexpr int64_t kTileFromRows = std::is_same_v<W, Int4Weights> ? 8 : 6;
+// From how many rows the tiles take over. A tile product costs 16 cycles whatever its shape, and
+// groups of 32 inputs fill half its depth (int8: also half its width): on a 2-core Xeon with AMX
+// (benchmarks/kernel_rows.py, one thread, the 0.5B's shapes) the tiles gave 0.6-0.9x the VNNI pair
+// tiles' multiply-adds a second at 8 rows, 0.9-1.1x at 12, 1.1-1.2x at 16 and 1.1-1.3x at 32.
+constexpr int64_t kTileFromRows = 16;
 #endif
 
 // Block b's rows on int8 weights, products summed in int16 as far as its levels allow (int8_tile);
@@ -616,7 +632,7 @@ template <class W>
 at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1), G = w.G;
 #if TR_AMX
-  const bool tiles = M >= kTileFromRows<W> && tiles_permitted();
+  const bool tiles = M >= kTileFromRows && tiles_permitted();
   const int64_t padded = tiles && M > kTileRows ? (M + kTileRows - 1) / kTileRows * kTileRows : M;
 #else
   const int64_t padded = M;
@@ -709,17 +725,18 @@ at::Tensor tr::quantized_linear(const at::Tensor& x, const at::Tensor& levels, c
   return int8_mm(x, levels, steps, bias);
 }
 
-// Whether this build's matmuls go through AMX tiles here (an AMX build the OS granted them to).
-bool uses_tiles() {
+// From how many rows this build's matmuls go through AMX tiles here; 0: never (no AMX build, or
+// the OS did not grant the tiles).
+int64_t tile_from_rows() {
 #if TR_AMX
-  return tiles_permitted();
+  return tiles_permitted() ? kTileFromRows : 0;
 #else
-  return false;
+  return 0;
 #endif
 }
 
 TORCH_LIBRARY(tr_kernels, m) {
-  m.def("uses_tiles() -> bool");
+  m.def("tile_from_rows() -> int");
   m.def("int4_mm(Tensor x, Tensor q, Tensor d, Tensor mn, Tensor? bias=None) -> Tensor");
   m.def("int8_mm(Tensor x, Tensor q, Tensor d, Tensor? bias=None) -> Tensor");
 }
@@ -727,4 +744,4 @@ TORCH_LIBRARY_IMPL(tr_kernels, CPU, m) {
   m.impl("int4_mm", &int4_mm);
   m.impl("int8_mm", &int8_mm);
 }
-TORCH_LIBRARY_IMPL(tr_kernels, CatchAll, m) { m.impl("uses_tiles", &uses_tiles); }
+TORCH_LIBRARY_IMPL(tr_kernels, CatchAll, m) { m.impl("tile_from_rows", &tile_from_rows); }
