@@ -596,8 +596,8 @@ void tile_matmul(const Activations& x, const TileWeights<kInt4>& w, int64_t M, i
 
 // From how many rows the tiles take over. A tile product costs 16 cycles whatever its shape, and
 // groups of 32 inputs fill half its depth (int8: also half its width): on a 2-core Xeon with AMX
-// (benchmarks/kernel_rows.py, one thread, the 0.5B's shapes) the tiles gave 0.6-0.9x the VNNI pair
-// tiles' multiply-adds a second at 8 rows, 0.9-1.1x at 12, 1.1-1.2x at 16 and 1.1-1.3x at 32.
+// (benchmarks/kernel_rows.py, one thread, the 0.5B's shapes) tiles gave 0.6-0.7x the VNNI pair
+// tiles' multiply-adds a second at 8 rows, 0.9-1.1x at 12, 1.1-1.3x at 16 and 1.0-1.5x at 32.
 constexpr int64_t kTileFromRows = 16;
 #endif
 
