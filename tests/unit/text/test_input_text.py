@@ -105,10 +105,12 @@ def test_a_signal_stops_a_read_of_an_endless_device(sig):
     """One unbounded read() of /dev/zero is a C call that runs no signal handler until it returns:
     tr grew to GBs and ignored Ctrl-C and SIGTERM. Here the limit is out of reach (1 TB), so only
     the signal can end the read; the child's address space is capped so a read that ignores it
-    fails on memory instead of filling this machine's."""
+    fails on memory instead of filling this machine's. Ctrl-C raises in the child as in a terminal
+    even where the test run itself inherited SIGINT ignored (started in the background: `cmd &`)."""
     code = (
         "import resource, signal, sys\n"
         "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
         "from tr_cli.text.input_text import read_text_file\n"
         "print('reading', flush=True)\n"
