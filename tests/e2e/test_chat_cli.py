@@ -205,8 +205,14 @@ def test_piped_context_full_advises_the_next_run(small_context_model, tmp_path, 
 
 # -- a real terminal ---------------------------------------------------------------------------
 
-# Make the pty the controlling terminal of the new session, so Ctrl-C (\x03) becomes SIGINT.
-_CTTY = "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])"
+# Make the pty the controlling terminal of the new session, so Ctrl-C (\x03) becomes SIGINT, and
+# give tr the signals as a terminal does: a test run started in the background (`cmd &`, nohup)
+# passes SIGINT and SIGHUP on ignored, and the chat would never see Ctrl-C.
+_CTTY = (
+    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+    "[signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)]; "
+    "os.execvp(sys.argv[1], sys.argv[1:])"
+)
 
 
 class Terminal:
