@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from e2e.test_fault_injection import default_signals
 
 from tr_cli.chat.session import ChatSession, Settings
 from tr_cli.core import TokenRecyclingDecoder
@@ -205,14 +206,8 @@ def test_piped_context_full_advises_the_next_run(small_context_model, tmp_path, 
 
 # -- a real terminal ---------------------------------------------------------------------------
 
-# Make the pty the controlling terminal of the new session, so Ctrl-C (\x03) becomes SIGINT, and
-# give tr the signals as a terminal does: a test run started in the background (`cmd &`, nohup)
-# passes SIGINT and SIGHUP on ignored, and the chat would never see Ctrl-C.
-_CTTY = (
-    "import fcntl, os, signal, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-    "[signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM)]; "
-    "os.execvp(sys.argv[1], sys.argv[1:])"
-)
+# Make the pty the controlling terminal of the new session, so Ctrl-C (\x03) becomes SIGINT.
+_CTTY = "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execvp(sys.argv[1], sys.argv[1:])"
 
 
 class Terminal:
@@ -230,6 +225,9 @@ class Terminal:
             env={**env, "TERM": "xterm-256color", "LINES": str(rows), "COLUMNS": str(cols)},
             start_new_session=True,
             close_fds=True,
+            # A test run started in the background (`cmd &`, nohup) passes SIGINT on ignored: the
+            # chat would never see Ctrl-C.
+            preexec_fn=default_signals,
         )
         os.close(slave)
         self.fd = master

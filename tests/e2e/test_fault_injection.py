@@ -68,7 +68,7 @@ PROMPTS = [
 ]
 
 
-def _default_signals() -> None:
+def default_signals() -> None:
     """In the child before exec: signals a background pytest inherited as ignored (SIGINT under
     `cmd &`, SIGHUP under nohup) are tr's to handle again, as in a terminal."""
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
@@ -101,7 +101,7 @@ class Tr:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
-            preexec_fn=_default_signals,
+            preexec_fn=default_signals,
         )
         self.stdout, self.stderr = bytearray(), bytearray()
         self._readers = [
