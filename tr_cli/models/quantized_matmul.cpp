@@ -520,7 +520,6 @@ constexpr int64_t kTileRun = 16;
 template <bool kInt4, int NB, int MR>
 void tile_rows(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, int64_t b, int64_t N, float* out) {
   constexpr int64_t bytes = kInt4 ? 128 : 256;
-  [[maybe_unused]] alignas(64) uint8_t levels[kInt4 ? kTileRun : 1][512];  // int4's unpacked levels
   alignas(64) int32_t sums[kTileRun][kTileRows * 16];  // the tiles' rows, which may be more than MR
   const __mmask16 lanes = NB == 2 ? 0xFFFF : 0x00FF;
   __m512 acc[MR];
@@ -544,6 +543,7 @@ void tile_rows(const Activations& x, const TileWeights<kInt4>& w, int64_t m0, in
     const int64_t run = std::min(kTileRun, w.G - g0);
     int64_t i = 0;
     if constexpr (kInt4) {
+      alignas(64) uint8_t levels[kTileRun][512];  // the run's unpacked levels
       for (; i < run; ++i) {
         ahead.fetch(first + (g0 + i) * bytes, second + (g0 + i) * bytes);
         unpack_pair(first + (g0 + i) * bytes, second + (g0 + i) * bytes, levels[i]);
