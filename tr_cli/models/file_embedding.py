@@ -7,6 +7,7 @@ memory. Kept as tr's int8 levels instead, a 0.5B Qwen2's Q5_0 embedding took 145
 (a third of the 1.4 GB peak). A tied embedding stays the head's buffers (quantized_embedding.py):
 the head reads every row at every step anyway. Like llama.cpp's, the mapping expects the file to
 stay as it is while tr runs (a file cut short under a running process is a bus error in both).
+A scaled embedding (Gemma's multiplies its rows by sqrt(hidden)) is the same rows times its `scale`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,17 @@ from .gguf_header import TensorInfo
 
 
 class FileEmbedding(nn.Module):
-    """nn.Embedding's forward (ids -> float32 rows) over tensor `tensor` of the GGUF at `path`."""
+    """nn.Embedding's forward (ids -> float32 rows) over tensor `tensor` of the GGUF at `path`, times
+    `scale` where given."""
 
-    def __init__(self, path: Path, data_start: int, tensor: TensorInfo, padding_idx: int | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        data_start: int,
+        tensor: TensorInfo,
+        padding_idx: int | None = None,
+        scale: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.embedding_dim = tensor.dims[0]
         self.num_embeddings = tensor.n_elements // self.embedding_dim
@@ -36,6 +45,7 @@ class FileEmbedding(nn.Module):
         )
         # What callers read an embedding's device and dtype from (no values: they are in the file).
         self.register_buffer("weight", torch.empty(0), persistent=False)
+        self.register_buffer("scale", scale, persistent=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = input_ids.reshape(-1).long()
@@ -45,6 +55,8 @@ class FileEmbedding(nn.Module):
             raise IndexError(f"token ids out of range for an embedding of {self.num_embeddings} rows")
         raw = torch.from_numpy(self._rows[ids.cpu().numpy()])  # a copy of just those rows' bytes
         rows = dequantized(self.ggml_type, raw, raw.shape[0], self.embedding_dim)
+        if self.scale is not None:
+            rows = rows * self.scale
         return rows.reshape(*input_ids.shape, self.embedding_dim).to(self.weight.device)
 
     def extra_repr(self) -> str:

@@ -13,6 +13,7 @@ tensor-name map and tensor processor say which tensor is which parameter, and in
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -190,25 +191,24 @@ def _fill(model: nn.Module, file: GGUFFile, names: _Names, path: Path, dtype: to
             weight = _FloatWeight(weight, names) if order is False else GGUFWeight(file, tensor, order)
             if kind is None:
                 _set(model, name, weight.dense(dtype))
-            elif owner is embeddings and weight.stored is not None and type(owner) is nn.Embedding and not tied:
-                # (a subclass, as Gemma's scaled embedding, computes more than a lookup: kept dense)
-                if order is not None:  # never seen: an embedding whose rows the processor changes
+            elif owner is embeddings:
+                scale = _lookup_scale(model, owner) if weight.stored is not None else None
+                if scale is None or (order is not None and not tied):
+                    # a subclass computing more than scaled rows, or an untied embedding whose rows the
+                    # processor reorders (never seen): kept dense
                     _set(model, name, weight.dense(dtype))
                     continue
                 parent, _, child = owner_name.rpartition(".")
-                lookup = FileEmbedding(file.path, file.header.data_start, tensor, owner.padding_idx)
-                setattr(model.get_submodule(parent), child, lookup)
-            elif owner is embeddings and weight.stored is not None and type(owner) is nn.Embedding:
+                if not tied:
+                    lookup = FileEmbedding(file.path, file.header.data_start, tensor, owner.padding_idx, scale)
+                    setattr(model.get_submodule(parent), child, lookup)
+                    continue
                 layer = _stored_kind(kind, weight.stored, head=True).from_source(weight, *want, None)
-                parent, _, child = owner_name.rpartition(".")
-                setattr(model.get_submodule(parent), child, QuantizedEmbedding(layer, owner.padding_idx))
-                if tied:
-                    head_name = next(n for n, m in model.named_modules() if m is head)
-                    hparent, _, hchild = head_name.rpartition(".")
-                    layer.head = True
-                    setattr(model.get_submodule(hparent), hchild, layer)
-            elif owner is embeddings:
-                _set(model, name, weight.dense(dtype))
+                setattr(model.get_submodule(parent), child, QuantizedEmbedding(layer, owner.padding_idx, scale))
+                head_name = next(n for n, m in model.named_modules() if m is head)
+                hparent, _, hchild = head_name.rpartition(".")
+                layer.head = True
+                setattr(model.get_submodule(hparent), hchild, layer)
             else:
                 sources[owner_name] = weight
             continue
@@ -216,6 +216,33 @@ def _fill(model: nn.Module, file: GGUFFile, names: _Names, path: Path, dtype: to
         _check_shape(path, tensor.name, tuple(values.shape), want)
         _set(model, name, names.values(tensor.name, values).to(dtype))
     return sources
+
+
+def _lookup_scale(model: nn.Module, embeddings: nn.Embedding) -> torch.Tensor | None:
+    """What the model's token embedding multiplies its looked-up rows by: 1 for nn.Embedding itself,
+    the factor for a subclass that scales them (Gemma's `embed_scale`, sqrt(hidden)), None for one
+    that computes anything else. The subclass's own forward is run on a probe of a few
+    rows, its buffers computed as transformers' loading computes them, and the factor is kept only
+    where it gives that forward's output bit for bit: a quantized embedding then scales its rows as
+    the model would (a dense float32 copy of a 262,144-token embedding is 671 MB)."""
+    if type(embeddings) is nn.Embedding:
+        return torch.ones(())
+    if getattr(embeddings, "embed_scale", None) is None:
+        return None
+    probe = copy.deepcopy(embeddings)  # its weight on the meta device: nothing allocated
+    probe.weight = nn.Parameter(torch.empty(4, embeddings.embedding_dim), requires_grad=False)
+    probe.to_empty(device="cpu", recurse=False)
+    probe.padding_idx = None
+    with torch.no_grad():
+        model._init_weights(probe)  # the scale buffer's value (on the meta device until now)
+        probe.weight.copy_(torch.randn(4, embeddings.embedding_dim, generator=torch.Generator().manual_seed(0)))
+        factor = torch.as_tensor(probe.embed_scale, dtype=torch.float32).detach().clone()
+        ids = torch.tensor([[2, 0, 3, 1]])
+        try:
+            scaled = probe(ids)
+        except (RuntimeError, TypeError, ValueError, IndexError, AttributeError):
+            return None
+    return factor if factor.numel() == 1 and torch.equal(scaled, probe.weight[ids] * factor) else None
 
 
 def _tie(model: nn.Module) -> None:

@@ -1,7 +1,8 @@
 """A token embedding kept as tr's kernels hold weights (a Q4Linear's or Q8Linear's buffers): each
 looked-up row dequantized when it is asked for, so a GGUF's quantized embedding never becomes a
 float matrix (SmolLM2's is 113 MB in float32, a 150k-vocabulary 0.5B's 545 MB). A tied output head
-is the layer over the very same buffers (no second copy)."""
+is the layer over the very same buffers (no second copy). A scaled embedding (Gemma's multiplies
+its rows by sqrt(hidden)) is the same rows times its `scale`."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from .weights import NATIVE_COLUMNS, _NativeLinear
 
 class QuantizedEmbedding(nn.Module):
     """nn.Embedding's forward (ids -> float32 rows) over `layer`'s buffers, its output column t being
-    token t's row (the head's layout: levels (vocab / 8, groups, 8 columns x 32 inputs))."""
+    token t's row (the head's layout: levels (vocab / 8, groups, 8 columns x 32 inputs)), times
+    `scale` where given."""
 
-    def __init__(self, layer: _NativeLinear, padding_idx: int | None = None) -> None:
+    def __init__(self, layer: _NativeLinear, padding_idx: int | None = None, scale: torch.Tensor | None = None) -> None:
         super().__init__()
         self.num_embeddings = layer.out_features
         self.embedding_dim = layer.in_features
@@ -24,6 +26,7 @@ class QuantizedEmbedding(nn.Module):
         self.register_buffer("levels", layer.levels)
         self.register_buffer("steps", layer.steps)
         self.register_buffer("minimums", layer.minimums if self.int4 else None)
+        self.register_buffer("scale", scale, persistent=False)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -47,8 +50,11 @@ class QuantizedEmbedding(nn.Module):
         rows = values * steps
         if self.int4:
             rows = rows + self.minimums[blocks, :, columns].float()[..., None]
+        if self.scale is not None:
+            rows = rows.reshape(n, -1) * self.scale
         return rows.reshape(*input_ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
         kind = "int4" if self.int4 else "int8"
-        return f"{self.num_embeddings}, {self.embedding_dim}, weights={kind}"
+        scaled = f", scale={float(self.scale):g}" if self.scale is not None else ""
+        return f"{self.num_embeddings}, {self.embedding_dim}, weights={kind}{scaled}"

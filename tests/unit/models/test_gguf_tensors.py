@@ -33,7 +33,7 @@ from tr_cli.models.gguf_tensors import GGUFFile, GGUFWeight
 from tr_cli.models.quantized_embedding import QuantizedEmbedding
 from tr_cli.models.weights import Q4Linear, Q8Linear
 
-from tiny_models import random_prompt, reference
+from tiny_models import random_prompt, reference, tiny_model
 
 ROWS = 20  # not a multiple of 8: the padded column block is covered
 
@@ -332,6 +332,66 @@ def test_a_quantized_embeddings_rows_are_the_files_rows(tmp_path, tr_kernels, gg
     embedding = QuantizedEmbedding(kind.from_source(weight, 40, 64, None))
     ids = torch.tensor([[3, 0, 39, 3], [17, 8, 9, 31]])
     assert torch.equal(embedding(ids), torch.from_numpy(values)[ids])
+
+
+@pytest.mark.parametrize(("embedding", "weights"), [(T.Q8_0, "int8"), (T.Q4_1, "int4")])
+def test_gemmas_scaled_embedding_stays_the_heads_buffers_and_gives_the_models_rows(
+    tmp_path, tr_kernels, embedding, weights
+):
+    """Gemma's embedding multiplies its rows by sqrt(hidden): kept quantized as the tied head's buffers
+    (not a dense float copy: 671 MB for Gemma 3's 262,144 tokens), it gives the rows the dense route's
+    embedding gives, scaled, bit for bit, and the model decodes as `generate` does on it."""
+    path = write_tiny_gguf(tmp_path / "gemma3.gguf", tiny_model("gemma3"), default_types(T.Q8_0, embedding))
+    model = loaded(path, weights, tmp_path / "cache")
+    ours, head = model.get_input_embeddings(), model.get_output_embeddings()
+    assert isinstance(ours, QuantizedEmbedding) and head.levels.data_ptr() == ours.levels.data_ptr()
+    assert float(ours.scale) == pytest.approx(model.config.hidden_size**0.5)
+    dense = loaded(path, "dense", tmp_path / "cache").get_input_embeddings()
+    assert type(dense) is not torch.nn.Embedding  # the model's own scaled embedding
+    ids = torch.tensor([random_prompt(24, 1)])
+    with torch.no_grad():
+        assert torch.equal(ours(ids), dense(ids))
+    decoder = TokenRecyclingDecoder(model)
+    assert decoder.generate(ids[0].tolist(), StopCondition.build(20, [3])).tokens == reference(
+        model, ids[0].tolist(), 20
+    )
+
+
+class _Scaled(torch.nn.Embedding):
+    def __init__(self, rows: int, width: int, plus: float = 0.0) -> None:
+        super().__init__(rows, width)
+        self.embed_scale = torch.nn.Buffer(torch.tensor(0.0), persistent=False)
+        self.plus = plus
+
+    def forward(self, ids):
+        return super().forward(ids) * self.embed_scale + self.plus
+
+
+class _Unscaled(torch.nn.Embedding):
+    """A subclass with no scale of its own."""
+
+
+class _Model(torch.nn.Module):
+    """What _lookup_scale asks of the model: transformers' `_init_weights`, which computes buffers."""
+
+    def _init_weights(self, module):
+        if isinstance(module, _Scaled):
+            module.embed_scale.fill_(3.5)
+
+
+def test_only_an_embedding_that_scales_its_rows_is_read_as_scaled_rows():
+    """The factor is read off the subclass's own forward, on the meta device as at load: a forward that
+    computes anything besides scaled rows (or has no scale) keeps its embedding dense."""
+    from tr_cli.models.gguf_load import _lookup_scale
+
+    with torch.device("meta"):
+        plain, scaled, shifted = torch.nn.Embedding(1000, 32), _Scaled(1000, 32), _Scaled(1000, 32, plus=1.0)
+        other = _Unscaled(1000, 32)
+    assert float(_lookup_scale(_Model(), plain)) == 1.0
+    assert float(_lookup_scale(_Model(), scaled)) == 3.5
+    assert _lookup_scale(_Model(), shifted) is None
+    assert _lookup_scale(_Model(), other) is None
+    assert scaled.weight.is_meta and scaled.embed_scale.is_meta  # the model's own module untouched
 
 
 @pytest.mark.parametrize("ggml_type", [T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K, T.F16])
