@@ -5,10 +5,14 @@ those of the real file).
 The metadata and tokenizer come from a real GGUF of the same architecture (its vocabulary and chat
 template, so the tokenizer reading costs what it costs); the shape fields are replaced, and each
 matrix is random blocks of the type llama.cpp's Q4_K_M gives it (Q6_K for attn_v and ffn_down in
-the layers it favours and for a tied embedding, Q4_K elsewhere).
+the layers it favours and for a tied embedding, Q4_K elsewhere; Q5_0 and Q8_0 in their place for a
+matrix whose rows are not whole 256-value k-quant blocks, as llama.cpp falls back). A layer holds
+the tensors the source's first layer holds (Qwen2's biases, Gemma 3's q/k and sandwich norms).
 
     python benchmarks/synthetic_gguf.py /work/models/qwen2.5-coder-0.5b-instruct.gguf /tmp/qwen2-1.5b-q4km.gguf \\
         --hidden 1536 --layers 28 --ffn 8960 --heads 12 --kv-heads 2      # Qwen2.5-1.5B's shape
+    python benchmarks/synthetic_gguf.py /work/models/gemma-3-270m-q4_k_m.gguf /tmp/gemma3-1b-q4km.gguf \\
+        --hidden 1152 --layers 26 --ffn 6912 --heads 4 --kv-heads 1 --head-dim 256   # Gemma 3 1B's shape
 """
 
 from __future__ import annotations
@@ -38,6 +42,14 @@ def favoured(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
+# llama.cpp's type for a k-quant matrix whose rows are not whole 256-value blocks.
+FALLBACK = {T.Q4_K: T.Q5_0, T.Q6_K: T.Q8_0}
+
+
+def quant_type(wanted: T, columns: int) -> T:
+    return wanted if columns % 256 == 0 else FALLBACK[wanted]
+
+
 def copy_metadata(reader: gguf.GGUFReader, writer: gguf.GGUFWriter, arch: str, shape: dict[str, int]) -> None:
     for field in reader.fields.values():
         if field.name.startswith("GGUF.") or field.name == "general.architecture":
@@ -59,18 +71,34 @@ def main() -> None:
     parser.add_argument("--ffn", type=int, required=True)
     parser.add_argument("--heads", type=int, required=True)
     parser.add_argument("--kv-heads", type=int, required=True)
+    parser.add_argument("--head-dim", type=int, help="where it is not hidden / heads (Gemma's)")
     args = parser.parse_args()
 
     reader = gguf.GGUFReader(args.source)
     arch = reader.fields["general.architecture"].contents()
     vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
+    head_dim = args.head_dim or args.hidden // args.heads
     shape = dict(zip(SHAPE_KEYS, (args.layers, args.hidden, args.ffn, args.heads, args.kv_heads), strict=True))
+    shape |= {key: head_dim for key in ("attention.key_length", "attention.value_length")}
     writer = gguf.GGUFWriter(str(args.output), arch)
     copy_metadata(reader, writer, arch, shape)
     rng = np.random.default_rng(0)
-    kv = args.hidden // args.heads * args.kv_heads
+    q, kv = head_dim * args.heads, head_dim * args.kv_heads
+    # (rows, columns) of each matrix a layer holds, by its name in the file
+    matrices = {
+        "attn_q": (q, args.hidden),
+        "attn_k": (kv, args.hidden),
+        "attn_v": (kv, args.hidden),
+        "attn_output": (args.hidden, q),
+        "ffn_gate": (args.ffn, args.hidden),
+        "ffn_up": (args.ffn, args.hidden),
+        "ffn_down": (args.hidden, args.ffn),
+    }
+    vectors = {"attn_q.bias": q, "attn_k.bias": kv, "attn_v.bias": kv, "attn_q_norm": head_dim, "attn_k_norm": head_dim}
+    layer_tensors = [t.name.removeprefix("blk.0.") for t in reader.tensors if t.name.startswith("blk.0.")]
 
-    def matrix(name: str, rows: int, columns: int, ggml_type: T) -> None:
+    def matrix(name: str, rows: int, columns: int, wanted: T) -> None:
+        ggml_type = quant_type(wanted, columns)
         writer.add_tensor(
             name, random_blocks(ggml_type, rows, columns, seed=len(writer.tensors[0])), raw_dtype=ggml_type
         )
@@ -81,15 +109,14 @@ def main() -> None:
     matrix("token_embd.weight", vocab, args.hidden, T.Q6_K)  # tied: the output head's type
     for i in range(args.layers):
         more = T.Q6_K if favoured(i, args.layers) else T.Q4_K
-        vector(f"blk.{i}.attn_norm.weight", args.hidden, 1.0)
-        for part, rows, kind in (("q", args.hidden, T.Q4_K), ("k", kv, T.Q4_K), ("v", kv, more)):
-            matrix(f"blk.{i}.attn_{part}.weight", rows, args.hidden, kind)
-            vector(f"blk.{i}.attn_{part}.bias", rows, 0.0)
-        matrix(f"blk.{i}.attn_output.weight", args.hidden, args.hidden, T.Q4_K)
-        vector(f"blk.{i}.ffn_norm.weight", args.hidden, 1.0)
-        matrix(f"blk.{i}.ffn_gate.weight", args.ffn, args.hidden, T.Q4_K)
-        matrix(f"blk.{i}.ffn_up.weight", args.ffn, args.hidden, T.Q4_K)
-        matrix(f"blk.{i}.ffn_down.weight", args.hidden, args.ffn, more)
+        for tensor in layer_tensors:
+            part, _, kind = tensor.rpartition(".")
+            if kind == "weight" and part in matrices:
+                matrix(f"blk.{i}.{tensor}", *matrices[part], more if part in ("attn_v", "ffn_down") else T.Q4_K)
+            elif kind == "bias":
+                vector(f"blk.{i}.{tensor}", vectors[tensor], 0.0)
+            else:  # a norm: over one head where it is a q/k norm, else over the hidden size
+                vector(f"blk.{i}.{tensor}", vectors.get(part, args.hidden), 1.0)
     vector("output_norm.weight", args.hidden, 1.0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
