@@ -334,17 +334,44 @@ def test_a_quantized_embeddings_rows_are_the_files_rows(tmp_path, tr_kernels, gg
     assert torch.equal(embedding(ids), torch.from_numpy(values)[ids])
 
 
-@pytest.mark.parametrize(("embedding", "weights"), [(T.Q8_0, "int8"), (T.Q4_1, "int4")])
-def test_gemmas_scaled_embedding_stays_the_heads_buffers_and_gives_the_models_rows(
-    tmp_path, tr_kernels, embedding, weights
+def tiny_gemma3(tied: bool) -> torch.nn.Module:
+    if tied:
+        return tiny_model("gemma3")
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from tiny_models import COMMON, WINDOW
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(
+        num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False, **COMMON
+    )
+    model = Gemma3ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.01 if "embed" in name else 0.2)
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    ("embedding", "weights", "tied"),
+    [(T.Q8_0, "int8", True), (T.Q4_1, "int4", True), (T.Q5_0, "int8", False)],
+    ids=["tied-Q8_0", "tied-Q4_1", "untied-Q5_0"],
+)
+def test_gemmas_scaled_embedding_stays_quantized_and_gives_the_models_rows(
+    tmp_path, tr_kernels, embedding, weights, tied
 ):
-    """Gemma's embedding multiplies its rows by sqrt(hidden): kept quantized as the tied head's buffers
-    (not a dense float copy: 671 MB for Gemma 3's 262,144 tokens), it gives the rows the dense route's
-    embedding gives, scaled, bit for bit, and the model decodes as `generate` does on it."""
-    path = write_tiny_gguf(tmp_path / "gemma3.gguf", tiny_model("gemma3"), default_types(T.Q8_0, embedding))
+    """Gemma's embedding multiplies its rows by sqrt(hidden): kept quantized (tied: the head's buffers;
+    untied: read from the file), not a dense float copy (671 MB for Gemma 3's 262,144 tokens), it
+    gives the rows the dense route's embedding gives, bit for bit, and the model decodes as
+    `generate` does on it."""
+    path = write_tiny_gguf(tmp_path / "gemma3.gguf", tiny_gemma3(tied), default_types(T.Q8_0, embedding))
     model = loaded(path, weights, tmp_path / "cache")
     ours, head = model.get_input_embeddings(), model.get_output_embeddings()
-    assert isinstance(ours, QuantizedEmbedding) and head.levels.data_ptr() == ours.levels.data_ptr()
+    if tied:
+        assert isinstance(ours, QuantizedEmbedding) and head.levels.data_ptr() == ours.levels.data_ptr()
+    else:
+        assert isinstance(ours, FileEmbedding) and not list(ours.parameters())
     assert float(ours.scale) == pytest.approx(model.config.hidden_size**0.5)
     dense = loaded(path, "dense", tmp_path / "cache").get_input_embeddings()
     assert type(dense) is not torch.nn.Embedding  # the model's own scaled embedding
