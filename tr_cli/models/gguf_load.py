@@ -233,12 +233,12 @@ def _lookup_scale(model: nn.Module, embeddings: nn.Embedding) -> torch.Tensor | 
     probe.weight = nn.Parameter(torch.empty(4, embeddings.embedding_dim), requires_grad=False)
     probe.to_empty(device="cpu", recurse=False)
     probe.padding_idx = None
+    ids = torch.tensor([[2, 0, 3, 1]])
     with torch.no_grad():
-        model._init_weights(probe)  # the scale buffer's value (on the meta device until now)
-        probe.weight.copy_(torch.randn(4, embeddings.embedding_dim, generator=torch.Generator().manual_seed(0)))
-        factor = torch.as_tensor(probe.embed_scale, dtype=torch.float32).detach().clone()
-        ids = torch.tensor([[2, 0, 3, 1]])
-        try:
+        try:  # an embedding this probe cannot run is kept dense, never a failed load
+            model._init_weights(probe)  # the scale buffer's value (on the meta device until now)
+            probe.weight.copy_(torch.randn(4, embeddings.embedding_dim, generator=torch.Generator().manual_seed(0)))
+            factor = torch.as_tensor(probe.embed_scale, dtype=torch.float32).detach().clone()
             scaled = probe(ids)
         except (RuntimeError, TypeError, ValueError, IndexError, AttributeError):
             return None

@@ -398,6 +398,13 @@ class _Unscaled(torch.nn.Embedding):
     """A subclass with no scale of its own."""
 
 
+class _Positional(_Scaled):
+    """A scaled embedding whose forward takes more than the ids (the probe cannot run it)."""
+
+    def forward(self, ids, positions):
+        return super().forward(ids) + positions
+
+
 class _Model(torch.nn.Module):
     """What _lookup_scale asks of the model: transformers' `_init_weights`, which computes buffers."""
 
@@ -413,11 +420,12 @@ def test_only_an_embedding_that_scales_its_rows_is_read_as_scaled_rows():
 
     with torch.device("meta"):
         plain, scaled, shifted = torch.nn.Embedding(1000, 32), _Scaled(1000, 32), _Scaled(1000, 32, plus=1.0)
-        other = _Unscaled(1000, 32)
+        other, positional = _Unscaled(1000, 32), _Positional(1000, 32)
     assert float(_lookup_scale(_Model(), plain)) == 1.0
     assert float(_lookup_scale(_Model(), scaled)) == 3.5
     assert _lookup_scale(_Model(), shifted) is None
     assert _lookup_scale(_Model(), other) is None
+    assert _lookup_scale(_Model(), positional) is None
     assert scaled.weight.is_meta and scaled.embed_scale.is_meta  # the model's own module untouched
 
 
