@@ -192,8 +192,9 @@ def _fill(model: nn.Module, file: GGUFFile, names: _Names, path: Path, dtype: to
             if kind is None:
                 _set(model, name, weight.dense(dtype))
             elif owner is embeddings:
-                scale = _lookup_scale(model, owner) if weight.stored is not None else None
-                if scale is None or (order is not None and not tied):
+                plain = type(owner) is nn.Embedding
+                scale = None if plain or weight.stored is None else _lookup_scale(model, owner)
+                if weight.stored is None or (not plain and scale is None) or (order is not None and not tied):
                     # a subclass computing more than scaled rows, or an untied embedding whose rows the
                     # processor reorders (never seen): kept dense
                     _set(model, name, weight.dense(dtype))
@@ -219,14 +220,11 @@ def _fill(model: nn.Module, file: GGUFFile, names: _Names, path: Path, dtype: to
 
 
 def _lookup_scale(model: nn.Module, embeddings: nn.Embedding) -> torch.Tensor | None:
-    """What the model's token embedding multiplies its looked-up rows by: 1 for nn.Embedding itself,
-    the factor for a subclass that scales them (Gemma's `embed_scale`, sqrt(hidden)), None for one
-    that computes anything else. The subclass's own forward is run on a probe of a few
-    rows, its buffers computed as transformers' loading computes them, and the factor is kept only
-    where it gives that forward's output bit for bit: a quantized embedding then scales its rows as
-    the model would (a dense float32 copy of a 262,144-token embedding is 671 MB)."""
-    if type(embeddings) is nn.Embedding:
-        return torch.ones(())
+    """What a subclass of nn.Embedding multiplies its looked-up rows by (Gemma's `embed_scale`,
+    sqrt(hidden)); None for one that computes anything else. The subclass's own forward is run on a
+    probe of a few rows, its buffers computed as transformers' loading computes them, and the factor
+    is kept only where it gives that forward's output bit for bit: a quantized embedding then scales
+    its rows as the model would (a dense float32 copy of a 262,144-token embedding is 671 MB)."""
     if getattr(embeddings, "embed_scale", None) is None:
         return None
     probe = copy.deepcopy(embeddings)  # its weight on the meta device: nothing allocated

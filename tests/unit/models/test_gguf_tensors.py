@@ -170,6 +170,7 @@ def test_a_gguf_on_tr_kernels_is_lossless_against_generate(tmp_path, tr_kernels,
         assert isinstance(embedding, QuantizedEmbedding) and head.levels.data_ptr() == embedding.levels.data_ptr()
     else:  # read from the file where it lies, nothing of its own in memory
         assert isinstance(embedding, FileEmbedding) and not list(embedding.parameters())
+    assert embedding.scale is None  # a plain nn.Embedding: its rows as they are, nothing multiplied
     assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
     decoder = TokenRecyclingDecoder(model)
     for seed, (length, budget) in enumerate([(5, 12), (20, 30)]):
@@ -419,9 +420,8 @@ def test_only_an_embedding_that_scales_its_rows_is_read_as_scaled_rows():
     from tr_cli.models.gguf_load import _lookup_scale
 
     with torch.device("meta"):
-        plain, scaled, shifted = torch.nn.Embedding(1000, 32), _Scaled(1000, 32), _Scaled(1000, 32, plus=1.0)
+        scaled, shifted = _Scaled(1000, 32), _Scaled(1000, 32, plus=1.0)
         other, positional = _Unscaled(1000, 32), _Positional(1000, 32)
-    assert float(_lookup_scale(_Model(), plain)) == 1.0
     assert float(_lookup_scale(_Model(), scaled)) == 3.5
     assert _lookup_scale(_Model(), shifted) is None
     assert _lookup_scale(_Model(), other) is None
