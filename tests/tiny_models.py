@@ -76,6 +76,9 @@ def _build(name: str):
                 **COMMON,
             )
         )
+    if name == "gemma3-untied":  # Gemma 3 with an output head of its own
+        config = {**COMMON, "tie_word_embeddings": False}
+        return Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, **config))
     if name == "gemma3-262k":  # Gemma 3's real vocabulary size, for the head
         config = {**COMMON, "vocab_size": 262144}
         return Gemma3ForCausalLM(Gemma3TextConfig(num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, **config))
@@ -94,7 +97,7 @@ ARCHITECTURES = ["llama", "qwen2", "qwen2-swa", "qwen3", "phi3", "mistral", "gem
 # Weight std (embeddings, other matrices). Default inits give near-flat logits, and the models then
 # repeat one token forever; these give varied text with some repetition, so drafts are sometimes
 # right and often wrong. Gemma scales embeddings by sqrt(hidden), hence its smaller embedding std.
-_INIT_STD = {"gemma2": (0.01, 0.2), "gemma3": (0.01, 0.2), "gemma3-262k": (0.01, 0.2)}
+_INIT_STD = {"gemma2": (0.01, 0.2), "gemma3": (0.01, 0.2), "gemma3-untied": (0.01, 0.2), "gemma3-262k": (0.01, 0.2)}
 
 
 def tiny_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:

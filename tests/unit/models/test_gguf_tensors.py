@@ -335,25 +335,6 @@ def test_a_quantized_embeddings_rows_are_the_files_rows(tmp_path, tr_kernels, gg
     assert torch.equal(embedding(ids), torch.from_numpy(values)[ids])
 
 
-def tiny_gemma3(tied: bool) -> torch.nn.Module:
-    if tied:
-        return tiny_model("gemma3")
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-
-    from tiny_models import COMMON, WINDOW
-
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(
-        num_hidden_layers=2, head_dim=16, sliding_window=WINDOW, tie_word_embeddings=False, **COMMON
-    )
-    model = Gemma3ForCausalLM(config)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, 0.01 if "embed" in name else 0.2)
-    return model.eval()
-
-
 @pytest.mark.parametrize(
     ("embedding", "weights", "tied"),
     [(T.Q8_0, "int8", True), (T.Q4_1, "int4", True), (T.Q5_0, "int8", False)],
@@ -366,7 +347,9 @@ def test_gemmas_scaled_embedding_stays_quantized_and_gives_the_models_rows(
     untied: read from the file), not a dense float copy (671 MB for Gemma 3's 262,144 tokens), it
     gives the rows the dense route's embedding gives, bit for bit, and the model decodes as
     `generate` does on it."""
-    path = write_tiny_gguf(tmp_path / "gemma3.gguf", tiny_gemma3(tied), default_types(T.Q8_0, embedding))
+    path = write_tiny_gguf(
+        tmp_path / "gemma3.gguf", tiny_model("gemma3" if tied else "gemma3-untied"), default_types(T.Q8_0, embedding)
+    )
     model = loaded(path, weights, tmp_path / "cache")
     ours, head = model.get_input_embeddings(), model.get_output_embeddings()
     if tied:
