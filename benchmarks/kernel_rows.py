@@ -1,4 +1,4 @@
-"""Attained int8 multiply-adds per second of tr's int4/int8 matmuls for M = 1..32 rows, on every
+"""Attained int8 multiply-adds per second of tr's int4/int5/int8 matmuls for M = 1..32 rows, on every
 matrix shape of three models, per kernel build (AVX2, AVX512-VNNI, AMX), on 1 and 2 threads,
 beside this core's peak for each build's instruction mix (benchmarks/instruction_peak.c).
 
@@ -35,7 +35,9 @@ BUILDS = {"avx2": "AVX2", "vnni": "AVX512-VNNI", "amx": "AMX"}
 # products in int16 (a vpmaddwd per group, not per product): their ceiling is the int16 mix.
 # The VNNI build's pair tiles run vpdpbusd on 512-bit registers (twice the ymm rate on a Zen 5).
 _PEAK_OF = {"AVX2": "avx2_maddubs", "AVX512-VNNI": "vnni_zmm"}
-_AVX2_INT16_KINDS = {"int4", "int8-q5"}
+_AVX2_INT16_KINDS = {"int4", "int5", "int8-q5"}
+_KINDS = ("int4", "int5", "int8", "int8-q5")  # int5: GGUF's Q5 types as stored (int8-q5: as int8 levels)
+_LEVEL_BYTES = {"int4": 128, "int5": 160}  # a (block, group)'s bytes of levels; int8: 256
 _STREAM_BYTES = 64 << 20
 
 
@@ -68,8 +70,9 @@ def _operands(kind: str, outputs: int, inputs: int, copies: int):
     sets = []
     for _ in range(copies):
         steps = (torch.rand(blocks, groups, 8, generator=generator) * 0.01).half()
-        if kind == "int4":
-            levels = torch.randint(0, 256, (blocks, groups, 128), generator=generator, dtype=torch.uint8)
+        if kind in _LEVEL_BYTES:
+            shape = (blocks, groups, _LEVEL_BYTES[kind])
+            levels = torch.randint(0, 256, shape, generator=generator, dtype=torch.uint8)
             minimums = (-torch.rand(blocks, groups, 8, generator=generator) * 0.08).half()
             sets.append((levels, steps, minimums))
         else:
@@ -94,11 +97,11 @@ def measure(args: argparse.Namespace) -> list[dict]:
     results = []
     for model in args.models.split(","):
         for name, (outputs, inputs) in shapes(model).items():
-            for kind in ("int4", "int8", "int8-q5"):
-                bytes_per = outputs * inputs // (2 if kind == "int4" else 1)
+            for kind in _KINDS:
+                bytes_per = outputs * inputs * _LEVEL_BYTES.get(kind, 256) // 256
                 copies = max(1, min(32, _STREAM_BYTES // bytes_per))
                 sets = _operands(kind, outputs, inputs, copies)
-                op = torch.ops.tr_kernels.int4_mm if kind == "int4" else torch.ops.tr_kernels.int8_mm
+                op = getattr(torch.ops.tr_kernels, f"{kind.split('-')[0]}_mm")
                 for threads in (int(t) for t in args.threads.split(",")):
                     torch.set_num_threads(threads)
                     # One thread: its own CPU time (what other processes took is left out); more: wall time.

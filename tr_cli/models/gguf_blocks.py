@@ -3,11 +3,12 @@ which types go into them straight from their blocks (gguf_repack.cpp), and every
 values through gguf's own `dequantize`, one tensor at a time.
 
 Straight from the blocks, the same numbers: Q4_0 (value (q - 8) d) and Q4_1 (q d + m) as int4 levels
-q with step d and minimum -8 d or m; Q8_0 (q d) and Q5_0 ((q - 16) d) as int8 levels. Q4_K
-(256-weight super-blocks: eight groups of 32, value d sc q - dmin m with 6-bit sc and m) as int4
-levels q with each group's d sc and -dmin m rounded to float16, the kernels' type
-(tests/unit/models/test_gguf_tensors.py measures what that rounding changes). Every other type
-gguf reads (Q5_1, Q5_K, Q6_K, Q2_K, Q3_K, IQ*, F16, BF16, F32, ...) is dequantized and quantized as
+q with step d and minimum -8 d or m; Q5_0 ((q - 16) d) and Q5_1 (q d + m) as int5 levels q, the
+same way; Q8_0 (q d) and Q5_0 as int8 levels. Q4_K and Q5_K (256-weight super-blocks: eight groups
+of 32, value d sc q - dmin m with 6-bit sc and m) as int4 / int5 levels q with each group's d sc
+and -dmin m rounded to float16, the kernels' type (tests/unit/models/test_gguf_tensors.py measures
+what that rounding changes). Every other type
+gguf reads (Q6_K, Q2_K, Q3_K, IQ*, F16, BF16, F32, ...) is dequantized and quantized as
 a float weight is (weights.py's `_quantize`); gguf_repack.cpp does that itself for
 the types of common files (REQUANTIZED), with the same numbers.
 """
@@ -51,9 +52,12 @@ def readable(ggml_type: int) -> bool:
 
 
 def stored_kind(ggml_type: int) -> str | None:
-    """'int4' or 'int8': the kernels' kind that holds this type's values closest; None for a float type."""
+    """'int4', 'int5' or 'int8': the kernels' kind that holds this type's values closest; None for a
+    float type."""
     if ggml_type in FLOAT_TYPES:
         return None
+    if ggml_type in (Q5_0, Q5_1, Q5_K):
+        return "int5"
     name = type_name(ggml_type)
     if name.startswith(_INT8_NAMES):
         return "int8"
@@ -61,13 +65,18 @@ def stored_kind(ggml_type: int) -> str | None:
 
 
 # The types gguf_repack.cpp reads straight into each kind's buffers, with the same values: int4 as
-# Q4_0 (step d, minimum -8 d), Q4_1 (d, m) and Q4_K (d sc and -dmin m rounded to float16); int8 as
-# Q8_0 (d) and Q5_0 (levels q - 16, step d).
-REPACKED = {"int4": (Q4_0, Q4_1, Q4_K), "int8": (Q8_0, Q5_0)}
+# Q4_0 (step d, minimum -8 d), Q4_1 (d, m) and Q4_K (d sc and -dmin m rounded to float16); int5 as
+# those and Q5_0 (levels q, step d, minimum -16 d), Q5_1 (d, m) and Q5_K (as Q4_K); int8 as Q8_0 (d)
+# and Q5_0 (levels q - 16, step d).
+REPACKED = {"int4": (Q4_0, Q4_1, Q4_K), "int5": (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K), "int8": (Q8_0, Q5_0)}
 # The types gguf_repack.cpp requantizes into each kind's buffers: gguf's dequantized values, quantized
-# as `_quantize` does, bit for bit (Q4_K_M files' Q6_K layers, an int8 model's Q4_K ones, Q3_K_M and
-# Q2_K files' 2- and 3-bit layers).
-REQUANTIZED = {"int4": (Q2_K, Q3_K), "int8": (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)}
+# as `_quantize` does, bit for bit (Q4_K_M files' Q6_K layers, Q3_K_M and Q2_K files' 2- and 3-bit
+# layers, an int8 model's Q4/Q5 layers where a fused group holds them with an int8 sibling).
+REQUANTIZED = {
+    "int4": (Q2_K, Q3_K),
+    "int5": (Q2_K, Q3_K),
+    "int8": (Q4_0, Q4_1, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K),
+}
 
 
 def dequantized(ggml_type: int, raw: torch.Tensor, rows: int, columns: int) -> torch.Tensor:

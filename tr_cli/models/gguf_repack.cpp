@@ -1,4 +1,4 @@
-// A GGUF tensor's ggml blocks into the buffers of tr's int4/int8 kernels in one pass (built with tr's
+// A GGUF tensor's ggml blocks into the buffers of tr's int4/int5/int8 kernels in one pass (built with tr's
 // other kernels: models/native_kernels.py; models/gguf_tensors.py calls it at every start of a GGUF).
 //
 // The same numbers as models/gguf_blocks.py's torch reading (the reference its tests compare with),
@@ -6,13 +6,13 @@
 // concatenations and the column-block permutation, each a pass over the weights).
 //
 // It also takes the k-quants and legacy types a kind cannot hold as stored (into int8: Q4_0, Q4_1,
-// Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, as any model's Q6_K layers; into int4: Q2_K, Q3_K): each group's
-// values as gguf's own dequantize computes them in float32, then quantized as Q8Linear._quantize or
-// Q4Linear._quantize quantizes a float weight, bit for bit the same (its tests compare with that
+// Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, as any model's Q6_K layers; into int4 and int5: Q2_K, Q3_K): each
+// group's values as gguf's own dequantize computes them in float32, then quantized as the kind's
+// `_quantize` (weights.py) quantizes a float weight, bit for bit the same (its tests compare with that
 // Python route, which stays for the other types). A 0.5B Qwen2's 24 Q4_K/Q6_K down projections took
 // 0.86 s of every start through numpy and torch.
 //
-// raw: uint8 (rows, row bytes), rows of one tensor; levels (blocks, K/32, 128 | 256), steps and
+// raw: uint8 (rows, row bytes), rows of one tensor; levels (blocks, K/32, 128 | 160 | 256), steps and
 // minimums (blocks, K/32, 8) as weights.py lays them out (_column_blocks, _column_values): block b
 // holds rows 8b..8b+7, a row past `rows` is left as it is (the caller's zero padding).
 #include <ATen/Parallel.h>
@@ -166,10 +166,13 @@ void group_values(int64_t type, const uint8_t* row, int64_t g, float* value) {
   }
 }
 
-// The types group_values reads: requantized into int8 buffers (all of them) and int4 ones (Q2_K, Q3_K;
-// Q4_0/Q4_1/Q4_K go into int4 as stored).
-bool requantized(int64_t type, bool int4) {
-  if (int4) return type == kQ2_K || type == kQ3_K;
+// The kernels' kinds of buffers: int4 and int5 (levels 0-15 / 0-31, a step and a minimum), int8.
+enum class Kind { kInt4, kInt5, kInt8 };
+
+// The types group_values reads: requantized into int8 buffers (all of them) and int4/int5 ones (Q2_K,
+// Q3_K; Q4_0/Q4_1/Q4_K go into int4 and int5 as stored, Q5_0/Q5_1/Q5_K into int5).
+bool requantized(int64_t type, Kind kind) {
+  if (kind != Kind::kInt8) return type == kQ2_K || type == kQ3_K;
   return type == kQ4_0 || type == kQ4_1 || type == kQ5_1 || type == kQ2_K || type == kQ3_K || type == kQ4_K ||
          type == kQ5_K || type == kQ6_K;
 }
@@ -231,22 +234,42 @@ void quantize_int8(const float* value, Group& out) {
   store_levels(v, _mm256_setzero_ps(), divisor_of(out.step), -127.0f, 127.0f, out.level);
 }
 
-// Q4Linear._quantize of one group: step float16((max - min) / 15), minimum float16(min), levels
-// round((value - minimum) / step) (step 1 where it is 0) half to even, clamped to 0..15.
-void quantize_int4(const float* value, Group& out) {
+// Q4Linear._quantize (top 15) and Q5Linear._quantize (top 31) of one group: step float16((max - min) /
+// top), minimum float16(min), levels round((value - minimum) / step) (step 1 where it is 0) half to
+// even, clamped to 0..top.
+void quantize_from_minimum(const float* value, float top, Group& out) {
   __m256 v[4];
   float least, most;
   extremes(value, v, least, most);
-  out.step = finite_half((most - least) / 15.0f);
+  out.step = finite_half((most - least) / top);
   out.minimum = finite_half(least);
-  store_levels(v, _mm256_set1_ps(_cvtsh_ss(out.minimum)), divisor_of(out.step), 0.0f, 15.0f, out.level);
+  store_levels(v, _mm256_set1_ps(_cvtsh_ss(out.minimum)), divisor_of(out.step), 0.0f, top, out.level);
 }
 
-void read_group(int64_t type, bool int4, const uint8_t* row, int64_t g, Group& out) {
-  if (requantized(type, int4)) {
+// Q5_0's and Q5_1's 32 levels 0-31: nibbles, fifth bits in a 32-bit word.
+void five_bit_levels(const uint8_t* qh, const uint8_t* qs, uint8_t* level) {
+  uint32_t high;
+  std::memcpy(&high, qh, 4);
+  for (int j = 0; j < 16; ++j) {
+    level[j] = static_cast<uint8_t>((qs[j] & 15) | (((high >> j) & 1) << 4));
+    level[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4));
+  }
+}
+
+void read_group(int64_t type, Kind kind, const uint8_t* row, int64_t g, Group& out) {
+  if (requantized(type, kind)) {
     float value[kGroup];
     group_values(type, row, g, value);
-    int4 ? quantize_int4(value, out) : quantize_int8(value, out);
+    if (kind == Kind::kInt8) quantize_int8(value, out);
+    else quantize_from_minimum(value, kind == Kind::kInt5 ? 31.0f : 15.0f, out);
+    return;
+  }
+  if (kind == Kind::kInt5 && (type == kQ5_0 || type == kQ5_1)) {  // levels q: Q5_0 (q - 16) d, Q5_1 q d + m
+    const bool offset = type == kQ5_1;
+    const uint8_t* b = row + g * (offset ? 24 : 22);
+    out.step = half_bits(b);
+    out.minimum = offset ? half_bits(b + 2) : to_half(half_value(b) * -16.0f);
+    five_bit_levels(b + (offset ? 4 : 2), b + (offset ? 8 : 6), out.level);
     return;
   }
   switch (type) {
@@ -285,16 +308,20 @@ void read_group(int64_t type, bool int4, const uint8_t* row, int64_t g, Group& o
       }
       break;
     }
-    case kQ4_K: {  // super-blocks of 8 groups: d, dmin, 12 bytes of 6-bit scales/minimums, 128 bytes of nibbles
-      const uint8_t* b = row + (g / 8) * 144;
+    case kQ4_K:
+    case kQ5_K: {  // super-blocks of 8 groups: d, dmin, 12 bytes of 6-bit scales/minimums, (Q5_K: 32 bytes
+                   // of fifth bits, bit j for group j,) 128 bytes of nibbles
+      const bool five = type == kQ5_K;
+      const uint8_t* b = row + (g / 8) * (five ? 176 : 144);
       const int j = static_cast<int>(g % 8);
       int scale, minimum;
       k_scale_min(b + 4, j, scale, minimum);
       out.step = to_half(half_value(b) * static_cast<float>(scale));
       out.minimum = to_half(-half_value(b + 2) * static_cast<float>(minimum));
-      const uint8_t* qs = b + 16 + (j / 2) * 32;
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = b + 16 + (five ? 32 : 0) + (j / 2) * 32;
       const int shift = (j % 2) * 4;
-      for (int l = 0; l < kGroup; ++l) out.level[l] = (qs[l] >> shift) & 15;
+      for (int l = 0; l < kGroup; ++l) out.level[l] = ((qs[l] >> shift) & 15) | (five ? ((qh[l] >> j) & 1) << 4 : 0);
       break;
     }
     default:
@@ -304,16 +331,21 @@ void read_group(int64_t type, bool int4, const uint8_t* row, int64_t g, Group& o
 
 void gguf_repack(const at::Tensor& raw, int64_t type, int64_t columns, const at::Tensor& levels,
                  const at::Tensor& steps, const c10::optional<at::Tensor>& minimums) {
+  // int4 and int5 buffers have minimums, int5's levels 160 bytes a group (quantized_matmul.cpp)
   const bool int4 = minimums.has_value();
+  const Kind kind = !int4 ? Kind::kInt8 : levels.dim() == 3 && levels.size(2) == 160 ? Kind::kInt5 : Kind::kInt4;
   TORCH_CHECK(raw.scalar_type() == at::kByte && raw.dim() == 2 && raw.is_contiguous(),
               "gguf_repack: raw must be contiguous uint8 (rows, row bytes)");
-  TORCH_CHECK(int4 ? (type == kQ4_0 || type == kQ4_1 || type == kQ4_K || requantized(type, true))
-                   : (type == kQ8_0 || type == kQ5_0 || requantized(type, false)),
-              "gguf_repack: int4 buffers take Q4_0/Q4_1/Q4_K and (requantized) Q2_K/Q3_K, int8 ones Q8_0/Q5_0 "
-              "and (requantized) Q4_0/Q4_1/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K");
+  const bool nibbles_as_stored = type == kQ4_0 || type == kQ4_1 || type == kQ4_K;
+  const bool fives_as_stored = type == kQ5_0 || type == kQ5_1 || type == kQ5_K;
+  TORCH_CHECK(kind == Kind::kInt4   ? nibbles_as_stored || requantized(type, kind)
+              : kind == Kind::kInt5 ? nibbles_as_stored || fives_as_stored || requantized(type, kind)
+                                    : type == kQ8_0 || type == kQ5_0 || requantized(type, kind),
+              "gguf_repack: int4 buffers take Q4_0/Q4_1/Q4_K and (requantized) Q2_K/Q3_K, int5 ones those and "
+              "Q5_0/Q5_1/Q5_K, int8 ones Q8_0/Q5_0 and (requantized) Q4_0/Q4_1/Q5_1/Q2_K/Q3_K/Q4_K/Q5_K/Q6_K");
   TORCH_CHECK(columns % kGroup == 0, "gguf_repack: columns must be a multiple of 32");
   const int64_t rows = raw.size(0), groups = columns / kGroup, blocks = (rows + kColumns - 1) / kColumns;
-  const int64_t group_bytes = int4 ? 128 : 256;
+  const int64_t group_bytes = kind == Kind::kInt4 ? 128 : kind == Kind::kInt5 ? 160 : 256;
   TORCH_CHECK(levels.is_contiguous() && levels.dim() == 3 && levels.size(0) >= blocks && levels.size(1) == groups &&
                   levels.size(2) == group_bytes && levels.element_size() == 1,
               "gguf_repack: levels must be contiguous (blocks, K/32, ", group_bytes, ")");
@@ -338,13 +370,20 @@ void gguf_repack(const at::Tensor& raw, int64_t type, int64_t columns, const at:
         for (int64_t c = 0; c < kColumns; ++c) {
           const int64_t row = b * kColumns + c;
           if (row >= rows) break;
-          read_group(type, int4, in + row * row_bytes, g, group);
+          read_group(type, kind, in + row * row_bytes, g, group);
           step_out[values + c] = group.step;
           if (int4) {
             minimum_out[values + c] = group.minimum;
             for (int v = 0; v < 4; ++v)  // vector v: inputs 4v..4v+3 low, 4(v+4).. high
               for (int i = 0; i < 4; ++i)
-                dst[v * 32 + c * 4 + i] = group.level[4 * v + i] | (group.level[4 * (v + 4) + i] << 4);
+                dst[v * 32 + c * 4 + i] = (group.level[4 * v + i] & 15) | (group.level[4 * (v + 4) + i] << 4);
+            if (kind == Kind::kInt5) {  // fifth bits: bit v of byte 4c + i is vector v's
+              for (int i = 0; i < 4; ++i) {
+                uint8_t fifth = 0;
+                for (int v = 0; v < 8; ++v) fifth |= ((group.level[4 * v + i] >> 4) & 1) << v;
+                dst[128 + c * 4 + i] = fifth;
+              }
+            }
           } else {
             for (int v = 0; v < 8; ++v) std::memcpy(dst + v * 32 + c * 4, group.level + 4 * v, 4);
           }

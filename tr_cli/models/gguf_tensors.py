@@ -74,15 +74,14 @@ class GGUFWeight(WeightSource):
             yield start, raw[start:stop] if self.order is None else raw[self.order[start:stop]]
 
     def buffers(self, kind: type[_NativeLinear]) -> dict[str, torch.Tensor]:
-        ggml_type, int4 = self.tensor.ggml_type, issubclass(kind, Q4Linear)
-        name = "int4" if int4 else "int8"
-        if ggml_type not in gguf_blocks.REPACKED[name] + gguf_blocks.REQUANTIZED[name]:
+        ggml_type, nibbles = self.tensor.ggml_type, issubclass(kind, Q4Linear)  # int4 and int5: minimums
+        if ggml_type not in gguf_blocks.REPACKED[kind.mode] + gguf_blocks.REQUANTIZED[kind.mode]:
             return self._requantized(kind)
         blocks, groups = -(-self.rows // 8), self.columns // gguf_blocks.GROUP
         empty = torch.zeros if self.rows % 8 else torch.empty  # padding rows: zero weights
-        levels = empty(blocks, groups, 128 if int4 else 256, dtype=torch.uint8 if int4 else torch.int8)
+        levels = empty(blocks, groups, 8 * kind.level_bytes, dtype=torch.uint8 if nibbles else torch.int8)
         steps = empty(blocks, groups, 8, dtype=torch.float16)
-        minimums = empty(blocks, groups, 8, dtype=torch.float16) if int4 else None
+        minimums = empty(blocks, groups, 8, dtype=torch.float16) if nibbles else None
         try:
             for start, raw in self._chunks():
                 block = slice(start // 8, None)

@@ -1,7 +1,8 @@
 // tr's weight-quantized matmuls for x86-64 CPUs with AVX2 (built on first use: models/native_kernels.py).
 //
 // y = x Wᵀ with W holding GGUF's values: int4 as Q4_1 (groups of 32 inputs, a float16 step and minimum
-// each) or int8 as Q8_0 (groups of 32, a float16 step), rearranged in blocks of eight output columns.
+// each), int5 as Q5_1 (the same with levels 0-31: GGUF's Q5 types as stored) or int8 as Q8_0 (groups
+// of 32, a float16 step), rearranged in blocks of eight output columns.
 // Each call quantizes the activations per row to int8 in groups of 32 (as Q8_1) and takes integer dot
 // products (vpmaddubsw), so a row costs a few instructions per 32 weights and the rows of a call share
 // each unpacked weight group: verifying a draft tree costs a fraction of a token per row.
@@ -43,14 +44,17 @@ constexpr int64_t kPrefetchBytes = 8192;
 #define UNROLL _Pragma("GCC unroll 16")
 // Rows per register tile; int8's by how many of its products add up in int16 (int8_tile): with all
 // eight of a group's, no int32 sum stays live across the group and the 16 AVX2 registers hold 5 rows.
+// Int5 on AVX2 keeps a second, int32 sum a row (its products fill int16 in half a group): 3 rows.
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define TR_VNNI 1
-constexpr int kInt4Rows = 8;
+template <bool kFive>
+constexpr int kNibbleRows = 8;
 template <int P>
 constexpr int kInt8Rows = 6;
 #else
 #define TR_VNNI 0
-constexpr int kInt4Rows = 4;
+template <bool kFive>
+constexpr int kNibbleRows = kFive ? 3 : 4;
 template <int P>
 constexpr int kInt8Rows = P == 8 ? 5 : 3;
 #endif
@@ -111,12 +115,22 @@ void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* a, float* d, fl
 //
 // Int4: 128 bytes per (block, group); byte 4c+t of the i-th 32 bytes holds column c's level of input
 // 4i+t (low nibble) and 4(i+4)+t (high nibble). Steps and minimums float16 (blocks, groups, 8).
-struct Int4Weights {
+// Int5 (GGUF's Q5 types as stored: levels 0-31, a step and a minimum): the same 128 bytes of low
+// four bits, then 32 bytes of fifth bits, bit v of byte k being the fifth bit of byte k of nibble
+// vector v (v = i: the i-th 32 bytes' low nibbles, v = i + 4: their high ones). 6 bits a weight
+// against int8's 8.5: a lone row, which streams the weights from memory, reads 30 % fewer bytes.
+template <bool kFive>
+struct NibbleWeights {
+  static constexpr int64_t kBytes = kFive ? 160 : 128;  // a (block, group)'s levels
   const uint8_t* q;
   const uint16_t* d;
   const uint16_t* mn;
   int64_t G;
 };
+using Int4Weights = NibbleWeights<false>;
+using Int5Weights = NibbleWeights<true>;
+template <class W>
+constexpr bool kNibbles = std::is_same_v<W, Int4Weights> || std::is_same_v<W, Int5Weights>;
 
 // Int8: 256 bytes per (block, group), byte 4c+t of the j-th 32 bytes = column c's level of input 4j+t;
 // steps float16 (blocks, groups, 8).
@@ -136,27 +150,48 @@ inline __m256i four_inputs(const int8_t* a) {
   return _mm256_set1_epi32(v);
 }
 
+// Nibble vectors i and i + 4's fifth bits at bit 4 of each byte (the rest zero), from `shifted`: the
+// fifth-bit plane shifted right by i in 16-bit lanes (bit i of a byte at its bit 0, bit i + 4 at its
+// bit 4; no bit a 16-bit shift carries across bytes lands on bit 4 of either).
+inline void fifth_bits(__m256i shifted, __m256i& low, __m256i& high) {
+  const __m256i bit = _mm256_set1_epi8(0x10);
+  low = _mm256_and_si256(_mm256_slli_epi16(shifted, 4), bit);
+  high = _mm256_and_si256(shifted, bit);
+}
+
 // MR rows x one block of 8 columns. Per group, each row's eight products of 4 inputs x 8 columns add
-// up in int16 (levels 0-15 times |a| <= 127: at most 16 * 1905 < 2^15, exact), then to int32, float,
-// times the two steps; the minimums' part (min_w d_x sum(a)) goes into the same sum.
-template <int MR>
-inline void int4_tile(const Activations& x, const Int4Weights& w, int64_t m0, int64_t b, int64_t N, float* out) {
+// up in int16 (levels 0-15 times |a| <= 127: at most 16 * 1905 < 2^15, exact; int5's 0-31 over half a
+// group: 8 * 3937 < 2^15), then to int32, float, times the two steps; the minimums' part (min_w d_x
+// sum(a)) goes into the same sum.
+template <int MR, bool kFive>
+inline void int4_tile(const Activations& x, const NibbleWeights<kFive>& w, int64_t m0, int64_t b, int64_t N, float* out) {
+  constexpr int64_t bytes = NibbleWeights<kFive>::kBytes;
   const __m256i low = _mm256_set1_epi8(0x0F);
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);
   __m256 acc[MR];
   UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm256_setzero_ps();
-  const uint8_t* q = w.q + b * w.G * 128;
+  const uint8_t* q = w.q + b * w.G * bytes;
   const uint16_t* d = w.d + b * w.G * 8;
   const uint16_t* mn = w.mn + b * w.G * 8;
   for (int64_t g = 0; g < w.G; ++g) {
-    prefetch_lines(q + g * 128, 2);
+    prefetch_lines(q + g * bytes, kFive ? 3 : 2);
     __m256i sum[MR];
+    [[maybe_unused]] __m256i wide[MR];
 #if TR_VNNI
     UNROLL for (int m = 0; m < MR; ++m) sum[m] = _mm256_setzero_si256();
 #endif
+    [[maybe_unused]] __m256i plane;
+    if constexpr (kFive) plane = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * bytes + 128));
     UNROLL for (int i = 0; i < 4; ++i) {
-      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * 128 + 32 * i));
-      const __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+      const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + g * bytes + 32 * i));
+      __m256i lo = _mm256_and_si256(packed, low), hi = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low);
+      if constexpr (kFive) {
+        __m256i lo5, hi5;
+        fifth_bits(plane, lo5, hi5);
+        lo = _mm256_or_si256(lo, lo5);
+        hi = _mm256_or_si256(hi, hi5);
+        plane = _mm256_srli_epi16(plane, 1);
+      }
       UNROLL for (int m = 0; m < MR; ++m) {
         const int8_t* a = x.a + (m0 + m) * x.K + g * kGroup;
 #if TR_VNNI
@@ -165,7 +200,14 @@ inline void int4_tile(const Activations& x, const Int4Weights& w, int64_t m0, in
 #else
         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, four_inputs(a + 4 * i)),
                                            _mm256_maddubs_epi16(hi, four_inputs(a + 4 * (i + 4))));
-        sum[m] = i == 0 ? p : _mm256_add_epi16(sum[m], p);
+        constexpr int kRun = kFive ? 2 : 4;  // products a row adds in int16 before widening
+        sum[m] = i % kRun == 0 ? p : _mm256_add_epi16(sum[m], p);
+        if constexpr (kFive) {
+          if (i % kRun == kRun - 1) {
+            const __m256i part = _mm256_madd_epi16(sum[m], ones);
+            wide[m] = i == kRun - 1 ? part : _mm256_add_epi32(wide[m], part);
+          }
+        }
 #endif
       }
     }
@@ -175,7 +217,7 @@ inline void int4_tile(const Activations& x, const Int4Weights& w, int64_t m0, in
 #if TR_VNNI
       const __m256 dots = _mm256_cvtepi32_ps(sum[m]);
 #else
-      const __m256 dots = _mm256_cvtepi32_ps(_mm256_madd_epi16(sum[m], ones));
+      const __m256 dots = _mm256_cvtepi32_ps(kFive ? wide[m] : _mm256_madd_epi16(sum[m], ones));
 #endif
       const int64_t at = (m0 + m) * x.G + g;
       acc[m] = _mm256_fmadd_ps(dots, _mm256_mul_ps(dw, _mm256_broadcast_ss(x.d + at)), acc[m]);
@@ -323,25 +365,36 @@ inline void int8_pair_tile(const Activations& x, const Int8Weights& w, int64_t m
   UNROLL for (int m = 0; m < MR; ++m) _mm512_storeu_ps(out + (m0 + m) * N + b * 8, acc[m]);
 }
 
-// Int4's pair of blocks: each 32 bytes of a block unpacked once for the tile's rows, as in int4_tile.
-template <int MR>
-inline void int4_pair_tile(const Activations& x, const Int4Weights& w, int64_t m0, int64_t b, int64_t N, float* out) {
+// Int4's and int5's pair of blocks: each 32 bytes of a block unpacked once for the tile's rows, as in
+// int4_tile.
+template <int MR, bool kFive>
+inline void int4_pair_tile(const Activations& x, const NibbleWeights<kFive>& w, int64_t m0, int64_t b, int64_t N,
+                           float* out) {
+  constexpr int64_t bytes = NibbleWeights<kFive>::kBytes;
   const __m512i low = _mm512_set1_epi8(0x0F);
+  [[maybe_unused]] const __m512i bit = _mm512_set1_epi8(0x10);
   __m512 acc[MR];
   UNROLL for (int m = 0; m < MR; ++m) acc[m] = _mm512_setzero_ps();
-  const uint8_t* q0 = w.q + b * w.G * 128;
-  const uint8_t* q1 = q0 + w.G * 128;
+  const uint8_t* q0 = w.q + b * w.G * bytes;
+  const uint8_t* q1 = q0 + w.G * bytes;
   const uint16_t* d = w.d + b * w.G * 8;
   const uint16_t* mn = w.mn + b * w.G * 8;
   const int64_t next = w.G * 8;  // from block b's steps and minimums to block b+1's
-  PairAhead ahead(w.G * 128, 128);
+  PairAhead ahead(w.G * bytes, bytes);
   for (int64_t g = 0; g < w.G; ++g) {
     ahead.fetch(q0, q1);
     __m512i sum[MR];
     UNROLL for (int m = 0; m < MR; ++m) sum[m] = _mm512_setzero_si512();
+    [[maybe_unused]] __m512i plane;
+    if constexpr (kFive) plane = pair_bytes(q0 + g * bytes + 128, q1 + g * bytes + 128);
     UNROLL for (int i = 0; i < 4; ++i) {
-      const __m512i packed = pair_bytes(q0 + g * 128 + 32 * i, q1 + g * 128 + 32 * i);
-      const __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+      const __m512i packed = pair_bytes(q0 + g * bytes + 32 * i, q1 + g * bytes + 32 * i);
+      __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
+      if constexpr (kFive) {  // fifth_bits on 512 bits
+        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(plane, 4), bit));
+        hi = _mm512_or_si512(hi, _mm512_and_si512(plane, bit));
+        plane = _mm512_srli_epi16(plane, 1);
+      }
       UNROLL for (int m = 0; m < MR; ++m) {
         const int8_t* a = x.a + (m0 + m) * x.K + g * kGroup;
         int32_t four_lo, four_hi;
@@ -363,7 +416,7 @@ inline void int4_pair_tile(const Activations& x, const Int4Weights& w, int64_t m
 // From how many rows the pairs of blocks take over: below, the weights' two streams from memory cost
 // more than the broadcasts they save (int8's, at twice int4's bytes, up to 3 rows on the 0.5B's head).
 template <class W>
-constexpr int64_t kPairFromRows = std::is_same_v<W, Int4Weights> ? 2 : 4;
+constexpr int64_t kPairFromRows = kNibbles<W> ? 2 : 4;
 #endif
 
 // How many products of block b's levels add up exactly in int16 (8, 4, 2 or 1: see int8_tile), from
@@ -621,8 +674,9 @@ inline void int8_block(const Activations& a, const Int8Weights& w, int64_t M, in
 }
 
 // Block b's rows with one block of columns per tile (int4's row tiles, int8_block).
-inline void one_block(const Activations& a, const Int4Weights& w, int64_t M, int64_t b, int64_t N, float* o) {
-  block_rows<kInt4Rows>(M, [&](auto rows, int64_t m) { int4_tile<decltype(rows)::value>(a, w, m, b, N, o); });
+template <bool kFive>
+inline void one_block(const Activations& a, const NibbleWeights<kFive>& w, int64_t M, int64_t b, int64_t N, float* o) {
+  block_rows<kNibbleRows<kFive>>(M, [&](auto rows, int64_t m) { int4_tile<decltype(rows)::value>(a, w, m, b, N, o); });
 }
 inline void one_block(const Activations& a, const Int8Weights& w, int64_t M, int64_t b, int64_t N, float* o) {
   int8_block(a, w, M, b, N, o);
@@ -632,7 +686,8 @@ template <class W>
 at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
   const int64_t M = x.size(0), K = x.size(1), G = w.G;
 #if TR_AMX
-  const bool tiles = M >= kTileFromRows && tiles_permitted();
+  // Int5 stays on the pair tiles (the tiles unpack nibbles only).
+  const bool tiles = !std::is_same_v<W, Int5Weights> && M >= kTileFromRows && tiles_permitted();
   const int64_t padded = tiles && M > kTileRows ? (M + kTileRows - 1) / kTileRows * kTileRows : M;
 #else
   const int64_t padded = M;
@@ -650,7 +705,7 @@ at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
   if (tiles) {
     if constexpr (std::is_same_v<W, Int4Weights>)
       tile_matmul<true>(a, TileWeights<true>{w.q, w.d, w.mn, G}, M, N, o);
-    else
+    else if constexpr (std::is_same_v<W, Int8Weights>)
       tile_matmul<false>(a, TileWeights<false>{w.q, w.d, nullptr, G}, M, N, o);
     return out;
   }
@@ -661,7 +716,7 @@ at::Tensor matmul(const at::Tensor& x, const W& w, int64_t N) {
     at::parallel_for(0, blocks / 2, 2, [&](int64_t begin, int64_t end) {
       for (int64_t p = begin; p < end; ++p)
         even_rows<kPairRows>(M, [&](auto rows, int64_t m) {
-          if constexpr (std::is_same_v<W, Int4Weights>) int4_pair_tile<decltype(rows)::value>(a, w, m, 2 * p, N, o);
+          if constexpr (kNibbles<W>) int4_pair_tile<decltype(rows)::value>(a, w, m, 2 * p, N, o);
           else int8_pair_tile<decltype(rows)::value>(a, w, m, 2 * p, N, o);
         });
     });
@@ -699,13 +754,24 @@ at::Tensor linear(const at::Tensor& x, const W& w, int64_t N, const c10::optiona
   return out.view(shape);
 }
 
+template <bool kFive>
+at::Tensor nibble_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d, const at::Tensor& mn,
+                     const c10::optional<at::Tensor>& bias) {
+  check(x, q, NibbleWeights<kFive>::kBytes, at::kByte, d);
+  TORCH_CHECK(mn.sizes() == d.sizes() && mn.scalar_type() == at::kHalf && mn.is_contiguous(), "minimums: as the steps");
+  const NibbleWeights<kFive> w{q.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>()),
+                               reinterpret_cast<const uint16_t*>(mn.data_ptr<at::Half>()), x.size(-1) / kGroup};
+  return linear(x, w, 8 * q.size(0), bias);
+}
+
 at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d, const at::Tensor& mn,
                    const c10::optional<at::Tensor>& bias) {
-  check(x, q, 128, at::kByte, d);
-  TORCH_CHECK(mn.sizes() == d.sizes() && mn.scalar_type() == at::kHalf && mn.is_contiguous(), "minimums: as the steps");
-  const Int4Weights w{q.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(d.data_ptr<at::Half>()),
-                      reinterpret_cast<const uint16_t*>(mn.data_ptr<at::Half>()), x.size(-1) / kGroup};
-  return linear(x, w, 8 * q.size(0), bias);
+  return nibble_mm<false>(x, q, d, mn, bias);
+}
+
+at::Tensor int5_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d, const at::Tensor& mn,
+                   const c10::optional<at::Tensor>& bias) {
+  return nibble_mm<true>(x, q, d, mn, bias);
 }
 
 at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d, const c10::optional<at::Tensor>& bias) {
@@ -719,7 +785,8 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& q, const at::Tensor& d
 at::Tensor tr::quantized_linear(const at::Tensor& x, const at::Tensor& levels, const at::Tensor& steps,
                                 const c10::optional<at::Tensor>& minimums, const c10::optional<at::Tensor>& bias) {
   if (levels.scalar_type() == at::kByte) {
-    TORCH_CHECK(minimums.has_value() && minimums->defined(), "int4 weights need their minimums");
+    TORCH_CHECK(minimums.has_value() && minimums->defined(), "int4/int5 weights need their minimums");
+    if (levels.dim() == 3 && levels.size(2) == Int5Weights::kBytes) return int5_mm(x, levels, steps, *minimums, bias);
     return int4_mm(x, levels, steps, *minimums, bias);
   }
   return int8_mm(x, levels, steps, bias);
@@ -738,10 +805,12 @@ int64_t tile_from_rows() {
 TORCH_LIBRARY(tr_kernels, m) {
   m.def("tile_from_rows() -> int");
   m.def("int4_mm(Tensor x, Tensor q, Tensor d, Tensor mn, Tensor? bias=None) -> Tensor");
+  m.def("int5_mm(Tensor x, Tensor q, Tensor d, Tensor mn, Tensor? bias=None) -> Tensor");
   m.def("int8_mm(Tensor x, Tensor q, Tensor d, Tensor? bias=None) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(tr_kernels, CPU, m) {
   m.impl("int4_mm", &int4_mm);
+  m.impl("int5_mm", &int5_mm);
   m.impl("int8_mm", &int8_mm);
 }
 TORCH_LIBRARY_IMPL(tr_kernels, CatchAll, m) { m.impl("tile_from_rows", &tile_from_rows); }

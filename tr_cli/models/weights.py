@@ -229,13 +229,21 @@ NATIVE_COLUMNS = 8  # tr's kernels take the output columns in blocks of eight (q
 def _column_blocks(levels: torch.Tensor, bytes_per_group: int) -> torch.Tensor:
     """(out, groups, 32) levels, out a multiple of 8, as the kernels read them: (out / 8, groups, 32 * 8)
     with inputs 4j..4j+3 of the block's eight columns side by side in its j-th 32 bytes; int4 puts the
-    second half's vectors (inputs 16-31) in the high nibbles of the first half's."""
+    second half's vectors (inputs 16-31) in the high nibbles of the first half's; int5 puts int4's
+    bytes of the low four bits first, then 32 bytes of fifth bits (bit v of byte k: vector v's byte k)."""
     out_features, groups, _ = levels.shape
-    blocked = levels.reshape(out_features // NATIVE_COLUMNS, NATIVE_COLUMNS, groups, 8, 4).permute(0, 2, 3, 1, 4)
-    blocked = blocked.reshape(out_features // NATIVE_COLUMNS, groups, 8, 32)
-    if bytes_per_group == 16:  # int4: vector i (inputs 4i..) low nibbles, vector i + 4 (inputs 4(i+4)..) high
-        blocked = blocked[:, :, :4] | (blocked[:, :, 4:] << 4)
-    return blocked.reshape(out_features // NATIVE_COLUMNS, groups, -1).contiguous()
+    blocks = out_features // NATIVE_COLUMNS
+    blocked = levels.reshape(blocks, NATIVE_COLUMNS, groups, 8, 4).permute(0, 2, 3, 1, 4)
+    blocked = blocked.reshape(blocks, groups, 8, 32)
+    if bytes_per_group in (16, 20):  # vector i (inputs 4i..) low nibbles, vector i + 4 (inputs 4(i+4)..) high
+        nibbles = (blocked[:, :, :4] & 15) | ((blocked[:, :, 4:] & 15) << 4)
+        if bytes_per_group == 16:
+            blocked = nibbles
+        else:
+            shifts = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)
+            fifth = (((blocked >> 4) & 1) << shifts).sum(dim=2, dtype=torch.int32).to(torch.uint8)
+            blocked = torch.cat([nibbles.reshape(blocks, groups, -1), fifth], dim=2)
+    return blocked.reshape(blocks, groups, -1).contiguous()
 
 
 def _column_values(values: torch.Tensor) -> torch.Tensor:
@@ -259,7 +267,7 @@ class WeightSource(ABC):
     """A matmul weight not held as a float tensor (a GGUF file's blocks): what `quantize` takes for
     it instead of the layer's own weight, which may be on the meta device."""
 
-    stored: str | None = None  # 'int4' / 'int8': the kind holding the stored values closest; None: float
+    stored: str | None = None  # 'int4' / 'int5' / 'int8': the kind holding the stored values closest; None: float
 
     @abstractmethod
     def buffers(self, kind: type[_NativeLinear]) -> dict[str, torch.Tensor]:
@@ -349,25 +357,28 @@ class Q4Linear(_NativeLinear):
     """int4 as GGUF's Q4_1: per group of 32 inputs, levels 0-15, a float16 step and minimum."""
 
     mode = "int4"
+    top = 15  # the highest level
+    level_bytes = 16  # a column's bytes of levels per group of 32 inputs
 
-    @staticmethod
-    def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    @classmethod
+    def _quantize(cls, weight: torch.Tensor) -> dict[str, torch.Tensor]:
         groups, low, high = _groups(weight)
-        steps, minimums = _float16((high - low) / 15), _float16(low)
+        steps, minimums = _float16((high - low) / cls.top), _float16(low)
         # Levels against the float16 values the kernel uses: a Q4_1 tensor's own levels come back.
         step = steps.float().masked_fill(steps == 0, 1)[..., None]
-        levels = ((groups - minimums.float()[..., None]) / step).round().clamp(0, 15).to(torch.uint8)
+        levels = ((groups - minimums.float()[..., None]) / step).round().clamp(0, cls.top).to(torch.uint8)
         return {
-            "levels": _column_blocks(levels, 16),
+            "levels": _column_blocks(levels, cls.level_bytes),
             "steps": _column_values(steps),
             "minimums": _column_values(minimums),
         }
 
-    @staticmethod
-    def layout(out_features: int, in_features: int) -> Layout:
+    @classmethod
+    def layout(cls, out_features: int, in_features: int) -> Layout:
         blocks, groups = out_features // NATIVE_COLUMNS, in_features // INT4_GROUP
         values = ((blocks, groups, NATIVE_COLUMNS), torch.float16)
-        return {"levels": ((blocks, groups, 16 * NATIVE_COLUMNS), torch.uint8), "steps": values, "minimums": values}
+        levels = ((blocks, groups, cls.level_bytes * NATIVE_COLUMNS), torch.uint8)
+        return {"levels": levels, "steps": values, "minimums": values}
 
     def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return torch.ops.tr_kernels.int4_mm(x, self.levels, self.steps, self.minimums, bias)
@@ -375,17 +386,41 @@ class Q4Linear(_NativeLinear):
     def operands(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         return self.levels, self.steps, self.minimums, self.bias
 
-    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _vectors(self) -> torch.Tensor:
+        """The levels as (blocks, groups, 8 vectors, 8 columns x 4 inputs)."""
         blocks, groups = self.levels.shape[:2]
-        nibbles = self.levels.reshape(blocks, groups, 4, 32)
-        vectors = torch.cat([nibbles & 15, nibbles >> 4], dim=2)  # (blocks, groups, 8 vectors, 8 x 4)
-        return _unblocked(vectors), _unblocked_values(self.steps), _unblocked_values(self.minimums)
+        nibbles = self.levels[..., : 16 * NATIVE_COLUMNS].reshape(blocks, groups, 4, 32)
+        return torch.cat([nibbles & 15, nibbles >> 4], dim=2)
+
+    def unpacked(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        return _unblocked(self._vectors()), _unblocked_values(self.steps), _unblocked_values(self.minimums)
+
+
+class Q5Linear(Q4Linear):
+    """int5 as GGUF's Q5_1: per group of 32 inputs, levels 0-31, a float16 step and minimum. What a
+    GGUF's Q5_0, Q5_1 and Q5_K weights are held in as stored: 6 bits a weight against int8's 8.5,
+    and a one-token step streams every weight from memory (a 0.5B Qwen2's Q5_0 layers: ~80 MB less
+    a token)."""
+
+    mode = "int5"
+    top = 31
+    level_bytes = 20  # int4's 16, then 4 bytes of fifth bits
+
+    def _linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return torch.ops.tr_kernels.int5_mm(x, self.levels, self.steps, self.minimums, bias)
+
+    def _vectors(self) -> torch.Tensor:
+        blocks, groups = self.levels.shape[:2]
+        planes = self.levels[..., 16 * NATIVE_COLUMNS :].reshape(blocks, groups, 1, 32)
+        shifts = torch.arange(8, dtype=torch.uint8).view(1, 1, 8, 1)
+        return super()._vectors() | (((planes >> shifts) & 1) << 4)
 
 
 class Q8Linear(_NativeLinear):
     """int8 as GGUF's Q8_0: per group of 32 inputs, levels -127..127 and a float16 step."""
 
     mode = "int8"
+    level_bytes = 32
 
     @staticmethod
     def _quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -482,8 +517,8 @@ def quantize(model: nn.Module, mode: WeightsMode, sources: Mapping[str, WeightSo
     `sources` (tr's kernels only): the weights of the layers they name (module names) as stored in
     a file (WeightSource: a GGUF's blocks), whose layers' own weights may be on the meta device. A
     layer takes the kind holding its stored values closest where that is finer than `mode` (an int8
-    Q6_K tensor in an int4 model), a fused group its finest member's kind, the head its stored kind
-    (int8 for a float one)."""
+    Q6_K tensor in an int4 model; a Q5_0 one as int5 in either: _stored_kind), a fused group its
+    finest member's kind, the head its stored kind (int8 for a float one)."""
     if mode.dense:
         return Quantized(mode, 0, 0)
     kind, head_kind = layer_kinds(next(model.parameters()).dtype, mode)
@@ -524,12 +559,22 @@ def quantize(model: nn.Module, mode: WeightsMode, sources: Mapping[str, WeightSo
     return Quantized(mode, layers, kept)
 
 
+# The kernels' kinds from the coarsest: a fused group takes its finest member's.
+_FINENESS = (Q4Linear, Q5Linear, Q8Linear)
+
+
 def _stored_kind(kind: type[_NativeLinear], stored: str | None, head: bool = False) -> type[_NativeLinear]:
     """The kind a stored weight takes in a `kind` model (quantize's `sources`): never coarser than
-    the file holds it, nor than the mode asks; a head: its stored kind, int8 for a float one."""
+    the file holds it, nor than the mode asks, where int5 stands for int8 in an int8 model: a layer
+    stored in 4 or 5 bits is held as int5 there (its stored levels and steps, closer to the file
+    than an int8 requantization, in 6 bits a weight). A head: its stored kind, int8 for a float one."""
     if head:
         return Q4Linear if stored == "int4" and kind is Q4Linear else Q8Linear
-    return Q8Linear if kind is Q8Linear or stored == "int8" else Q4Linear
+    if stored == "int8" or (kind is Q8Linear and stored is None):
+        return Q8Linear
+    if stored == "int5" or kind is Q8Linear:
+        return Q5Linear
+    return Q4Linear
 
 
 def _layer(
@@ -563,7 +608,7 @@ def _fuse_siblings(
                 continue
             group_kind = kind
             if stored[0] is not None:
-                group_kind = max((_stored_kind(kind, s.stored) for s in stored), key=lambda k: k is Q8Linear)
+                group_kind = max((_stored_kind(kind, s.stored) for s in stored), key=_FINENESS.index)
             if not all(group_kind.fits(*w.shape) for w in weights):
                 continue
             biases = [getattr(m, "bias", None) for m in siblings]

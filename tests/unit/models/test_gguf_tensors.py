@@ -31,7 +31,7 @@ from tr_cli.models.gguf_cache import MANIFEST, gguf_side_files
 from tr_cli.models.gguf_header import read_header
 from tr_cli.models.gguf_tensors import GGUFFile, GGUFWeight
 from tr_cli.models.quantized_embedding import QuantizedEmbedding
-from tr_cli.models.weights import Q4Linear, Q8Linear
+from tr_cli.models.weights import Q4Linear, Q5Linear, Q8Linear
 
 from tiny_models import random_prompt, reference, tiny_model
 
@@ -64,22 +64,36 @@ def held(layer) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("ggml_type", "kind"), [(T.Q4_0, Q4Linear), (T.Q4_1, Q4Linear), (T.Q8_0, Q8Linear), (T.Q5_0, Q8Linear)]
+    ("ggml_type", "kind"),
+    [
+        (T.Q4_0, Q4Linear),
+        (T.Q4_1, Q4Linear),
+        (T.Q8_0, Q8Linear),
+        (T.Q5_0, Q8Linear),
+        (T.Q5_0, Q5Linear),
+        (T.Q5_1, Q5Linear),
+        (T.Q4_0, Q5Linear),
+        (T.Q4_1, Q5Linear),
+    ],
 )
 def test_blocks_the_kernels_hold_as_stored_come_back_bit_for_bit(tmp_path, tr_kernels, ggml_type, kind):
     weight, values = one_tensor_file(tmp_path, ggml_type)
     layer = kind.from_source(weight, ROWS, 256, None)
     assert layer.padded and torch.equal(held(layer), torch.from_numpy(values))
+    if kind is Q5Linear and ggml_type in (T.Q5_0, T.Q5_1):  # the fifth bits really reach the levels
+        assert layer.unpacked()[0].max() > 15
 
 
-def test_q4_k_differs_only_by_rounding_each_groups_step_and_minimum_to_float16(tmp_path, tr_kernels):
-    """Q4_K's value d·sc·q − dmin·m has a 17-bit step d·sc: the kernels' float16 step and minimum
-    round it. Measured on random blocks (scales 1e-3..1e-2): about 9 in 10 weights differ, by at
-    most 2⁻¹¹ of (|step·q| + |minimum|) (half a float16 unit on each), ~1e-5 of a typical weight."""
-    weight, values = one_tensor_file(tmp_path, T.Q4_K, rows=64, columns=512)
-    ours = held(Q4Linear.from_source(weight, 64, 512, None))
+@pytest.mark.parametrize(("ggml_type", "kind"), [(T.Q4_K, Q4Linear), (T.Q4_K, Q5Linear), (T.Q5_K, Q5Linear)])
+def test_k_quants_differ_only_by_rounding_each_steps_and_minimum_to_float16(tmp_path, tr_kernels, ggml_type, kind):
+    """Q4_K's and Q5_K's value d·sc·q − dmin·m has a 17-bit step d·sc: the kernels' float16 step and
+    minimum round it. Measured on random blocks (scales 1e-3..1e-2): about 9 in 10 weights differ, by
+    at most 2⁻¹¹ of (|step·q| + |minimum|) (half a float16 unit on each), ~1e-5 of a typical weight."""
+    weight, values = one_tensor_file(tmp_path, ggml_type, rows=64, columns=512)
+    ours = held(kind.from_source(weight, 64, 512, None))
     theirs = torch.from_numpy(values)
-    levels, steps, minimums = Q4Linear.from_source(weight, 64, 512, None).unpacked()
+    levels, steps, minimums = kind.from_source(weight, 64, 512, None).unpacked()
+    assert levels.max() == (31 if ggml_type == T.Q5_K else 15)
     bound = (levels.float() * steps.float().repeat_interleave(32, 1)).abs() + minimums.float().abs().repeat_interleave(
         32, 1
     )
@@ -97,7 +111,10 @@ def test_q4_k_differs_only_by_rounding_each_groups_step_and_minimum_to_float16(t
         (T.Q4_K, Q8Linear),
         (T.Q3_K, Q4Linear),
         (T.Q2_K, Q4Linear),
+        (T.Q3_K, Q5Linear),
+        (T.Q2_K, Q5Linear),
         (T.F16, Q8Linear),
+        (T.F16, Q5Linear),
     ],
 )
 def test_other_types_are_requantized_within_half_a_step(tmp_path, tr_kernels, ggml_type, kind):
@@ -113,7 +130,7 @@ def test_other_types_are_requantized_within_half_a_step(tmp_path, tr_kernels, gg
 @pytest.mark.parametrize(
     ("ggml_type", "kind"),
     [(t, Q8Linear) for t in (T.Q4_0, T.Q4_1, T.Q5_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)]
-    + [(T.Q2_K, Q4Linear), (T.Q3_K, Q4Linear)],
+    + [(T.Q2_K, Q4Linear), (T.Q3_K, Q4Linear), (T.Q2_K, Q5Linear), (T.Q3_K, Q5Linear)],
 )
 def test_types_requantized_in_the_kernels_build_are_the_python_routes_numbers(tmp_path, tr_kernels, ggml_type, kind):
     """gguf_repack.cpp requantizes these into int8 buffers itself (a Q4_K_M file's Q6_K layers, an
@@ -121,7 +138,7 @@ def test_types_requantized_in_the_kernels_build_are_the_python_routes_numbers(tm
     dequantize then Q8Linear's quantizing give, padding rows included."""
     weight, _ = one_tensor_file(tmp_path, ggml_type, rows=ROWS, columns=512)
     native, python = weight.buffers(kind), weight._requantized(kind)
-    assert native.keys() == python.keys() == ({"levels", "steps"} | ({"minimums"} if kind is Q4Linear else set()))
+    assert native.keys() == python.keys() == ({"levels", "steps"} | ({"minimums"} if kind is not Q8Linear else set()))
     for name in native:
         assert torch.equal(native[name], python[name]), name
     assert python["steps"][: ROWS // 8].float().std() > 0  # real, varied groups were compared
@@ -229,6 +246,35 @@ def test_k_quants_on_tr_kernels_are_lossless_against_generate(tmp_path, tr_kerne
     decoder = TokenRecyclingDecoder(model)
     ids = random_prompt(12, 1)
     assert decoder.generate(ids, StopCondition.build(24, [3])).tokens == reference(model, ids, 24)
+
+
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_5_bit_types_are_held_as_int5_in_either_mode(tmp_path, tr_kernels, weights):
+    """A Q5 mix (Q5_0 matrices, Q8_0 v, Q5_K gate, Q4_K down: a Q5_K_M- and a 0.5B Qwen2-like file):
+    each layer in the kind holding its stored values, int5 for 5 bits whatever the mode (fewer bytes
+    than int8, the same values), a fused group in its finest member's kind; 4-bit layers int4 in an
+    int4 model and int5 in an int8 one (their stored levels and steps, not an int8 requantization);
+    and tr equals `generate`."""
+
+    def mix(name: str, array: np.ndarray) -> T:
+        if array.ndim < 2:
+            return T.F32
+        if "attn_v" in name or name.startswith(("token_embd", "output")):
+            return T.Q8_0
+        return {"ffn_gate": T.Q5_K, "ffn_down": T.Q4_K}.get(name.split(".")[2] if "blk" in name else "", T.Q5_0)
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", tiny("qwen2", tied=False, hidden=256), mix)
+    model = loaded(path, weights, tmp_path / "cache")
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, Q8Linear)  # q/k Q5_0 with v Q8_0
+    assert type(layer.self_attn.o_proj) is Q5Linear and type(layer.mlp.gate_up_proj) is Q5Linear
+    assert type(layer.mlp.down_proj) is (Q4Linear if weights == "int4" else Q5Linear)
+    assert type(model.lm_head) is Q8Linear
+    decoder = TokenRecyclingDecoder(model)
+    for seed, (length, budget) in enumerate([(12, 24), (30, 20)]):
+        ids = random_prompt(length, seed)
+        decoder.reset()
+        assert decoder.generate(ids, StopCondition.build(budget, [3])).tokens == reference(model, ids, budget)
 
 
 def test_a_type_tr_cannot_read_is_refused_in_one_line_naming_the_tensor(tmp_path, tr_kernels):

@@ -1,5 +1,5 @@
 """tr's own kernels (models/quantized_matmul.cpp, row_attention.cpp): the arithmetic they promise,
-rows computed alone, GGUF's Q4_1/Q8_0 blocks kept bit for bit, operands checked, the row-exact
+rows computed alone, GGUF's Q4_1/Q5_1/Q8_0 blocks kept bit for bit, operands checked, the row-exact
 attention against SDPA, and a build that fails or cannot run said in one line."""
 
 import contextlib
@@ -22,7 +22,15 @@ from tr_cli.core.tree import PRESETS
 from tr_cli.core.verify import ROW_TOPK
 from tr_cli.models import native_kernels
 from tr_cli.models.cpu import cpu_flags
-from tr_cli.models.weights import Q4Linear, Q8Linear, _column_blocks, _column_values, quantize, weights_mode
+from tr_cli.models.weights import (
+    Q4Linear,
+    Q5Linear,
+    Q8Linear,
+    _column_blocks,
+    _column_values,
+    quantize,
+    weights_mode,
+)
 from tr_cli.models.weights_mode import WeightsMode
 
 from tiny_models import ARCHITECTURES, EOS, random_prompt, reference, tiny_model
@@ -39,7 +47,7 @@ def quantized_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def expected(x: torch.Tensor, layer: Q4Linear | Q8Linear) -> torch.Tensor:
-    """y = sum over groups of d_w d_x (q . a) (+ minimum_w d_x sum(a) for int4), in float64."""
+    """y = sum over groups of d_w d_x (q . a) (+ minimum_w d_x sum(a) for int4/int5), in float64."""
     levels, steps = quantized_rows(x)
     groups = levels.shape[1]
     w_levels, w_steps, w_minimums = layer.unpacked()
@@ -52,14 +60,14 @@ def expected(x: torch.Tensor, layer: Q4Linear | Q8Linear) -> torch.Tensor:
     return (dots * w_steps[None] * steps[..., 0].double()[:, None, :] + minimums[None] * a_sums).sum(-1)
 
 
-@pytest.mark.parametrize("kind", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("kind", [Q4Linear, Q5Linear, Q8Linear])
 @pytest.mark.parametrize(("outputs", "inputs"), [(83, 96), (64, 576), (7, 32), (130, 288)])
 def test_the_kernels_compute_the_quantized_arithmetic(kind, outputs, inputs):
     """Output counts that are not a multiple of 8 (a padded column block, cut off), odd group counts,
-    and 1 to 9 rows (every row-tile size, and tails)."""
+    and 1 to 13 rows (every row-tile size, and tails)."""
     torch.manual_seed(outputs + inputs)
     layer = kind.quantized(torch.randn(outputs, inputs), None)
-    for rows in range(1, 10):
+    for rows in range(1, 14):
         x = torch.randn(rows, inputs) * 3
         got = layer(x).double()
         want = expected(x, layer)
@@ -67,7 +75,7 @@ def test_the_kernels_compute_the_quantized_arithmetic(kind, outputs, inputs):
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("kind", [Q4Linear, Q8Linear])
+@pytest.mark.parametrize("kind", [Q4Linear, Q5Linear, Q8Linear])
 def test_each_row_is_computed_alone(kind):
     """A row gives the same bits alone as among any others: what lets a tree's rows stand for
     one-token steps exactly."""
@@ -119,6 +127,41 @@ def test_narrow_int8_levels_add_up_exactly(widest):
     assert torch.allclose(together.double(), want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
 
 
+def int5_layer(levels: torch.Tensor, steps: torch.Tensor, minimums: torch.Tensor) -> Q5Linear:
+    """A layer on tr's int5 kernels holding exactly these levels 0-31 (out, in), steps and minimums."""
+    outputs, inputs = levels.shape
+    buffers = {
+        "levels": _column_blocks(levels.to(torch.uint8).reshape(outputs, inputs // 32, 32), 20),
+        "steps": _column_values(steps.half()),
+        "minimums": _column_values(minimums.half()),
+    }
+    return Q5Linear(inputs, outputs, None, buffers)
+
+
+def test_int5_levels_at_their_widest_add_up_exactly():
+    """The AVX2 kernel adds int5's products in int16 over half a group: with every level at 31 and
+    every activation at +127 (or -127) each int16 sum is as large as it gets, and the outputs must
+    still be the exact sums, a row alone as among others; every fifth-bit position (each of the eight
+    vectors of a group, both nibbles) set alone must reach its own inputs."""
+    torch.manual_seed(31)
+    outputs, inputs = 40, 4864
+    levels = torch.randint(0, 32, (outputs, inputs))
+    levels[:8] = 31
+    levels[8:16] = torch.where(torch.rand(8, inputs) < 0.5, 0, 31)
+    for input_index in range(32):  # rows 16..23: one level of 16 (the fifth bit alone) per group
+        levels[16 + input_index % 8, input_index::32] = 16
+    layer = int5_layer(levels, torch.rand(outputs, inputs // 32) * 0.01 + 1e-3, -torch.rand(outputs, inputs // 32))
+    unpacked, _, _ = layer.unpacked()
+    assert torch.equal(unpacked[:outputs].long(), levels)
+    x = torch.randn(9, inputs)
+    x[0], x[1] = 2.0, -2.0  # quantized to +-127 in every group
+    together = layer(x)
+    for row in range(9):
+        assert torch.equal(layer(x[row : row + 1]), together[row : row + 1])
+    want = expected(x, layer)
+    assert torch.allclose(together.double(), want, rtol=1e-5, atol=1e-4 * want.abs().max().item())
+
+
 def test_row_views_take_whole_column_blocks():
     """The kernels read outputs in blocks of eight: a view cutting a block (or of a padded layer) is
     refused, and siblings whose sizes are not multiples of 8 stay separate layers."""
@@ -135,7 +178,7 @@ def test_the_unpacked_values_are_the_quantized_ones():
     """The blocked layout holds each output's levels, steps and minimums: dequantized, they give the
     weights back to within half a step."""
     weight = torch.randn(40, 96)
-    for kind in (Q4Linear, Q8Linear):
+    for kind in (Q4Linear, Q5Linear, Q8Linear):
         levels, steps, minimums = kind.quantized(weight, None).unpacked()
         values = levels.float().reshape(40, 3, 32) * steps.float()[..., None]
         if minimums is not None:
@@ -179,6 +222,21 @@ def test_a_q4_1_tensor_comes_back_bit_for_bit():
     assert torch.allclose(layer(x), x @ values.t(), rtol=0.05, atol=0.5)  # activations quantized
 
 
+def test_a_q5_1_tensor_comes_back_bit_for_bit():
+    """The same for int5: a GGUF Q5_1 tensor's steps, minimums and 5-bit levels."""
+    weight = np.random.default_rng(2).standard_normal((48, 256)).astype(np.float32)
+    values, blocks = gguf_blocks(weight, gguf.GGMLQuantizationType.Q5_1)
+    layer = Q5Linear.quantized(values, None)
+    levels, steps, minimums = layer.unpacked()
+    assert np.array_equal(steps.numpy(), blocks[..., 0:2].copy().view(np.float16)[..., 0])
+    assert np.array_equal(minimums.numpy(), blocks[..., 2:4].copy().view(np.float16)[..., 0])
+    fifth = blocks[..., 4:8].copy().view(np.uint32)  # bit j: input j's fifth bit
+    nibbles = blocks[..., 8:]
+    bits = (fifth >> np.arange(32, dtype=np.uint32)) & 1
+    gguf_levels = np.concatenate([nibbles & 15, nibbles >> 4], axis=-1) | (bits << 4).astype(np.uint8)
+    assert np.array_equal(levels.numpy(), gguf_levels.reshape(48, 256))
+
+
 def test_a_q8_0_tensor_comes_back_bit_for_bit():
     weight = np.random.default_rng(1).standard_normal((40, 128)).astype(np.float32)
     values, blocks = gguf_blocks(weight, gguf.GGMLQuantizationType.Q8_0)
@@ -216,13 +274,13 @@ _BUILD_OUTPUTS = """
 import sys, torch
 from pathlib import Path
 from tr_cli.models import native_kernels
-from tr_cli.models.weights import Q4Linear, Q8Linear
+from tr_cli.models.weights import Q4Linear, Q5Linear, Q8Linear
 native_kernels.load(Path(sys.argv[1]))
 torch.manual_seed(5)
 # Every shape class of a decoder: fused q/k/v, o, gate/up, down (many groups, odd group counts),
 # a padded last column block, an odd block count (a lone block), and a head's many column blocks.
 shapes = [(136, 320), (192, 64), (1536, 576), (576, 1536), (83, 96), (40, 4864), (4096, 64)]
-kinds = (Q4Linear, Q8Linear)
+kinds = (Q4Linear, Q5Linear, Q8Linear)
 layers = [kind.quantized(torch.randn(*shape), torch.randn(shape[0])) for shape in shapes for kind in kinds]
 x = torch.randn(37, 4864) * 4
 x[5, :64] = 0.0  # a row with all-zero groups
