@@ -390,10 +390,9 @@ inline void int4_pair_tile(const Activations& x, const NibbleWeights<kFive>& w, 
     UNROLL for (int i = 0; i < 4; ++i) {
       const __m512i packed = pair_bytes(q0 + g * bytes + 32 * i, q1 + g * bytes + 32 * i);
       __m512i lo = _mm512_and_si512(packed, low), hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low);
-      if constexpr (kFive) {  // fifth_bits on 512 bits
-        lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(plane, 4), bit));
-        hi = _mm512_or_si512(hi, _mm512_and_si512(plane, bit));
-        plane = _mm512_srli_epi16(plane, 1);
+      if constexpr (kFive) {  // 16 added where the byte's fifth bit (bit i / i + 4 of the plane) is set
+        lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(plane, _mm512_set1_epi8(1 << i)), lo, bit);
+        hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(plane, _mm512_set1_epi8(1 << (i + 4))), hi, bit);
       }
       UNROLL for (int m = 0; m < MR; ++m) {
         const int8_t* a = x.a + (m0 + m) * x.K + g * kGroup;
