@@ -19,6 +19,8 @@ class QuantizedEmbedding(nn.Module):
 
     def __init__(self, layer: _NativeLinear, padding_idx: int | None = None, scale: torch.Tensor | None = None) -> None:
         super().__init__()
+        if layer.levels.shape[-1] not in (128, 256):  # int4 or int8 levels: what forward unpacks
+            raise ValueError(f"a quantized embedding takes int4 or int8 weights, not {layer.mode}")
         self.num_embeddings = layer.out_features
         self.embedding_dim = layer.in_features
         self.padding_idx = padding_idx

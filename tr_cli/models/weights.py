@@ -10,8 +10,9 @@ Runtime.resolve:
 
 - float32 model: tr's kernels (native_kernels.py; AVX2, compiled on first use). int4 as GGUF's Q4_1
   blocks (groups of 32 inputs, a float16 step and minimum each: a Q4_1 file's values come back bit for
-  bit), int8 as Q8_0 (groups of 32, a float16 step); activations quantized per row to int8. Every row
-  is computed alone, in one order, so a tree's rows equal one-token steps exactly.
+  bit), int8 as Q8_0 (groups of 32, a float16 step), and a GGUF's 5-bit types as int5 (Q4_1's layout
+  with levels 0-31); activations quantized per row to int8. Every row is computed alone, in one
+  order, so a tree's rows equal one-token steps exactly.
 - bfloat16 model: torch's weight-only kernels (their fast path: float32 activations are 5-20x slower
   there), as follows.
 

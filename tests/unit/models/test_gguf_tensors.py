@@ -381,6 +381,14 @@ def test_a_quantized_embeddings_rows_are_the_files_rows(tmp_path, tr_kernels, gg
     assert torch.equal(embedding(ids), torch.from_numpy(values)[ids])
 
 
+def test_a_quantized_embedding_refuses_int5_levels_it_would_misread(tmp_path, tr_kernels):
+    """Its lookup unpacks int4 and int8 blocks; int5's fifth bits (a head is never int5) would be
+    read as nibbles: refused, never wrong rows."""
+    weight, _ = one_tensor_file(tmp_path, T.Q5_0, rows=40, columns=64)
+    with pytest.raises(ValueError, match="int5"):
+        QuantizedEmbedding(Q5Linear.from_source(weight, 40, 64, None))
+
+
 @pytest.mark.parametrize(
     ("embedding", "weights", "tied"),
     [(T.Q8_0, "int8", True), (T.Q4_1, "int4", True), (T.Q5_0, "int8", False)],
