@@ -63,6 +63,16 @@ inline void k_scale_min(const uint8_t* s, int j, int& scale, int& minimum) {
   }
 }
 
+// Q5_0's and Q5_1's 32 levels 0-31: nibbles, fifth bits in a 32-bit word.
+void five_bit_levels(const uint8_t* qh, const uint8_t* qs, uint8_t* level) {
+  uint32_t high;
+  std::memcpy(&high, qh, 4);
+  for (int j = 0; j < 16; ++j) {
+    level[j] = static_cast<uint8_t>((qs[j] & 15) | (((high >> j) & 1) << 4));
+    level[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4));
+  }
+}
+
 // Group g of a row of a requantized type: its 32 values, in gguf's dequantize's order of operations.
 // Every product here is exact in float32 (a float16 step of 11 significant bits, times a k-quant's
 // scale of at most 7, times a level of at most 6: at most 24 bits), so a multiply-add the compiler
@@ -90,14 +100,9 @@ void group_values(int64_t type, const uint8_t* row, int64_t g, float* value) {
     case kQ5_1: {  // d q + m, q's fifth bits in a 32-bit word
       const uint8_t* b = row + g * 24;
       const float d = half_value(b), m = half_value(b + 2);
-      uint32_t high;
-      std::memcpy(&high, b + 4, 4);
-      for (int j = 0; j < 16; ++j) {
-        const int lo = (b[8 + j] & 15) | (((high >> j) & 1) << 4);
-        const int hi = (b[8 + j] >> 4) | (((high >> (j + 16)) & 1) << 4);
-        value[j] = d * static_cast<float>(lo) + m;
-        value[j + 16] = d * static_cast<float>(hi) + m;
-      }
+      uint8_t level[kGroup];
+      five_bit_levels(b + 4, b + 8, level);
+      for (int l = 0; l < kGroup; ++l) value[l] = d * static_cast<float>(level[l]) + m;
       break;
     }
     case kQ4_K:
@@ -246,30 +251,12 @@ void quantize_from_minimum(const float* value, float top, Group& out) {
   store_levels(v, _mm256_set1_ps(_cvtsh_ss(out.minimum)), divisor_of(out.step), 0.0f, top, out.level);
 }
 
-// Q5_0's and Q5_1's 32 levels 0-31: nibbles, fifth bits in a 32-bit word.
-void five_bit_levels(const uint8_t* qh, const uint8_t* qs, uint8_t* level) {
-  uint32_t high;
-  std::memcpy(&high, qh, 4);
-  for (int j = 0; j < 16; ++j) {
-    level[j] = static_cast<uint8_t>((qs[j] & 15) | (((high >> j) & 1) << 4));
-    level[j + 16] = static_cast<uint8_t>((qs[j] >> 4) | (((high >> (j + 16)) & 1) << 4));
-  }
-}
-
 void read_group(int64_t type, Kind kind, const uint8_t* row, int64_t g, Group& out) {
   if (requantized(type, kind)) {
     float value[kGroup];
     group_values(type, row, g, value);
     if (kind == Kind::kInt8) quantize_int8(value, out);
     else quantize_from_minimum(value, kind == Kind::kInt5 ? 31.0f : 15.0f, out);
-    return;
-  }
-  if (kind == Kind::kInt5 && (type == kQ5_0 || type == kQ5_1)) {  // levels q: Q5_0 (q - 16) d, Q5_1 q d + m
-    const bool offset = type == kQ5_1;
-    const uint8_t* b = row + g * (offset ? 24 : 22);
-    out.step = half_bits(b);
-    out.minimum = offset ? half_bits(b + 2) : to_half(half_value(b) * -16.0f);
-    five_bit_levels(b + (offset ? 4 : 2), b + (offset ? 8 : 6), out.level);
     return;
   }
   switch (type) {
@@ -294,18 +281,23 @@ void read_group(int64_t type, Kind kind, const uint8_t* row, int64_t g, Group& o
       std::memcpy(out.level, b + 2, kGroup);
       break;
     }
-    case kQ5_0: {  // d, 32 fifth bits, nibbles; value (q - 16) d
+    case kQ5_0: {  // d, 32 fifth bits, nibbles; value (q - 16) d: int5 levels q with minimum -16 d, int8 q - 16
       const uint8_t* b = row + g * 22;
-      uint32_t high;
-      std::memcpy(&high, b + 2, 4);
       out.step = half_bits(b);
-      out.minimum = 0;
-      for (int j = 0; j < 16; ++j) {
-        const int lo = (b[6 + j] & 15) | (((high >> j) & 1) << 4);
-        const int hi = (b[6 + j] >> 4) | (((high >> (j + 16)) & 1) << 4);
-        out.level[j] = static_cast<uint8_t>(static_cast<int8_t>(lo - 16));
-        out.level[j + 16] = static_cast<uint8_t>(static_cast<int8_t>(hi - 16));
+      five_bit_levels(b + 2, b + 6, out.level);
+      if (kind == Kind::kInt5) {
+        out.minimum = to_half(half_value(b) * -16.0f);
+      } else {
+        out.minimum = 0;
+        for (int l = 0; l < kGroup; ++l) out.level[l] = static_cast<uint8_t>(static_cast<int8_t>(out.level[l] - 16));
       }
+      break;
+    }
+    case kQ5_1: {  // d, m, 32 fifth bits, nibbles; value q d + m (into int5 only: int8 requantizes it)
+      const uint8_t* b = row + g * 24;
+      out.step = half_bits(b);
+      out.minimum = half_bits(b + 2);
+      five_bit_levels(b + 4, b + 8, out.level);
       break;
     }
     case kQ4_K:
