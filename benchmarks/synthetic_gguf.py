@@ -13,6 +13,8 @@ the tensors the source's first layer holds (Qwen2's biases, Gemma 3's q/k and sa
         --hidden 1536 --layers 28 --ffn 8960 --heads 12 --kv-heads 2      # Qwen2.5-1.5B's shape
     python benchmarks/synthetic_gguf.py /work/models/gemma-3-270m-q4_k_m.gguf /tmp/gemma3-1b-q4km.gguf \\
         --hidden 1152 --layers 26 --ffn 6912 --heads 4 --kv-heads 1 --head-dim 256   # Gemma 3 1B's shape
+    python benchmarks/synthetic_gguf.py SmolLM2-135M-Instruct.Q4_1.gguf /tmp/llama-3b-q4km.gguf \
+        --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8      # Llama 3.2 3B's shape (49k vocabulary)
 """
 
 from __future__ import annotations
@@ -79,7 +81,8 @@ def main() -> None:
     vocab = len(reader.fields["tokenizer.ggml.tokens"].contents())
     head_dim = args.head_dim or args.hidden // args.heads
     shape = dict(zip(SHAPE_KEYS, (args.layers, args.hidden, args.ffn, args.heads, args.kv_heads), strict=True))
-    shape |= {key: head_dim for key in ("attention.key_length", "attention.value_length")}
+    # rope.dimension_count too: transformers reads a llama file's head size from it
+    shape |= {key: head_dim for key in ("attention.key_length", "attention.value_length", "rope.dimension_count")}
     writer = gguf.GGUFWriter(str(args.output), arch)
     copy_metadata(reader, writer, arch, shape)
     rng = np.random.default_rng(0)
