@@ -13,7 +13,7 @@ the tensors the source's first layer holds (Qwen2's biases, Gemma 3's q/k and sa
         --hidden 1536 --layers 28 --ffn 8960 --heads 12 --kv-heads 2      # Qwen2.5-1.5B's shape
     python benchmarks/synthetic_gguf.py /work/models/gemma-3-270m-q4_k_m.gguf /tmp/gemma3-1b-q4km.gguf \\
         --hidden 1152 --layers 26 --ffn 6912 --heads 4 --kv-heads 1 --head-dim 256   # Gemma 3 1B's shape
-    python benchmarks/synthetic_gguf.py SmolLM2-135M-Instruct.Q4_1.gguf /tmp/llama-3b-q4km.gguf \
+    python benchmarks/synthetic_gguf.py SmolLM2-135M-Instruct.Q4_1.gguf /tmp/llama-3b-q4km.gguf \\
         --hidden 3072 --layers 28 --ffn 8192 --heads 24 --kv-heads 8      # Llama 3.2 3B's shape (49k vocabulary)
 """
 
