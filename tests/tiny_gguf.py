@@ -92,10 +92,15 @@ def default_types(
 
 
 def write_tiny_gguf(
-    path: Path, model: torch.nn.Module, types: Callable[[str, np.ndarray], T] | None = None, seed: int = 0
+    path: Path,
+    model: torch.nn.Module,
+    types: Callable[[str, np.ndarray], T] | None = None,
+    seed: int = 0,
+    extra: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """`model` (a transformers causal LM) as a GGUF at `path`, each tensor in `types(gguf name,
-    array)`'s type (default_types())."""
+    array)`'s type (default_types()); `extra`: float32 tensors the file holds beside the model's
+    (llama.cpp's rope_freqs.weight)."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
@@ -134,6 +139,8 @@ def write_tiny_gguf(
             writer.add_tensor(name, array.astype(np.float32))
         else:
             writer.add_tensor(name, encoded(array, ggml_type, seed + index), raw_dtype=ggml_type)
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array.astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -6,6 +6,8 @@ dequantized, then quantized as a checkpoint is); what is refused; and the caches
 
 from __future__ import annotations
 
+import copy
+import math
 import shutil
 
 import gguf
@@ -22,6 +24,7 @@ from transformers import (
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from tr_cli.core import StopCondition, TokenRecyclingDecoder
 from tr_cli.errors import ModelError
@@ -176,6 +179,67 @@ MODELS = [
     ("qwen2", True, "int8", default_types(T.Q5_0, T.Q8_0)),
     ("qwen2", False, "int4", default_types(T.Q4_0, T.Q4_1)),
 ]
+
+
+def llama_cpp_rope_factors(inv_freq: torch.Tensor, scaling: dict) -> np.ndarray:
+    """What llama.cpp's converter writes as rope_freqs for a Llama 3.1+ config's llama3 scaling: per
+    frequency 1 (short wavelengths), `factor` (long ones), or the smooth mix between."""
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old = scaling["original_max_position_embeddings"]
+    factors = []
+    for frequency in inv_freq.tolist():
+        wavelength = 2 * math.pi / frequency
+        if wavelength < old / high:
+            factors.append(1.0)
+        elif wavelength > old / low:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+LLAMA3_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 1024,
+}
+
+
+@pytest.mark.parametrize("weights", ["int8", "dense"])
+def test_a_llama_3_files_rope_factors_give_the_llama3_rotary_frequencies(tmp_path, tr_kernels, weights):
+    """A Llama 3.1+ GGUF holds its llama3 rope scaling as rope_freqs.weight (llama.cpp divides each
+    frequency by its factor; the metadata names no scaling, and transformers' GGUF loader skips the
+    tensor): the loaded model rotates with transformers' own llama3 frequencies for that scaling (the
+    factors of this tiny model fall in all three regions), and tr equals `generate` on it."""
+    model = tiny("llama", tied=True)
+    plain = model.model.rotary_emb.inv_freq.clone()
+    factors = llama_cpp_rope_factors(plain, LLAMA3_SCALING)
+    assert (factors == 1).any() and (factors == LLAMA3_SCALING["factor"]).any()
+    assert ((factors > 1) & (factors < LLAMA3_SCALING["factor"])).any()
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, extra={"rope_freqs.weight": factors})
+    ours = loaded(path, weights, tmp_path / "cache")
+    config = copy.deepcopy(model.config)
+    config.rope_parameters = {
+        "rope_type": "llama3",
+        "rope_theta": config.rope_parameters["rope_theta"],
+        **LLAMA3_SCALING,
+    }
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](config)
+    assert torch.allclose(ours.model.rotary_emb.inv_freq, want, rtol=1e-6, atol=0)
+    assert not torch.allclose(plain, want)
+    decoder = TokenRecyclingDecoder(ours)
+    ids = random_prompt(20, 3)
+    assert decoder.generate(ids, StopCondition.build(16, [3])).tokens == reference(ours, ids, 16)
+
+
+def test_rope_factors_that_do_not_fit_the_rotary_embedding_are_refused(tmp_path, tr_kernels):
+    model = tiny("llama", tied=True)
+    frequencies = model.model.rotary_emb.inv_freq.numel()
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, extra={"rope_freqs.weight": np.ones(frequencies + 2)})
+    with pytest.raises(ModelError, match=f"rope_freqs.weight holds {frequencies + 2} factors for {frequencies}"):
+        loaded(path, "int8", tmp_path / "cache")
 
 
 @pytest.mark.parametrize(("arch", "tied", "weights", "types"), MODELS)
