@@ -234,11 +234,17 @@ def test_a_llama_3_files_rope_factors_give_the_llama3_rotary_frequencies(tmp_pat
     assert decoder.generate(ids, StopCondition.build(16, [3])).tokens == reference(ours, ids, 16)
 
 
-def test_rope_factors_that_do_not_fit_the_rotary_embedding_are_refused(tmp_path, tr_kernels):
+@pytest.mark.parametrize("damage", ["count", "zero", "nan"])
+def test_rope_factors_that_do_not_fit_the_rotary_embedding_are_refused(tmp_path, tr_kernels, damage):
     model = tiny("llama", tied=True)
     frequencies = model.model.rotary_emb.inv_freq.numel()
-    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, extra={"rope_freqs.weight": np.ones(frequencies + 2)})
-    with pytest.raises(ModelError, match=f"rope_freqs.weight holds {frequencies + 2} factors for {frequencies}"):
+    factors = np.ones(frequencies + 2 if damage == "count" else frequencies)
+    factors[-1] = {"count": 1.0, "zero": 0.0, "nan": np.nan}[damage]
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", model, extra={"rope_freqs.weight": factors})
+    said = "holds factors that are not positive numbers"
+    if damage == "count":
+        said = f"holds {frequencies + 2} factors for {frequencies}"
+    with pytest.raises(ModelError, match=f"tiny.gguf: rope_freqs.weight {said}"):
         loaded(path, "int8", tmp_path / "cache")
 
 
