@@ -19,12 +19,12 @@ class QuantizedEmbedding(nn.Module):
 
     def __init__(self, layer: _NativeLinear, padding_idx: int | None = None, scale: torch.Tensor | None = None) -> None:
         super().__init__()
-        if layer.levels.shape[-1] not in (128, 256):  # int4 or int8 levels: what forward unpacks
+        if layer.mode not in ("int4", "int8"):  # the kinds forward unpacks (int5's fifth bits it would misread)
             raise ValueError(f"a quantized embedding takes int4 or int8 weights, not {layer.mode}")
         self.num_embeddings = layer.out_features
         self.embedding_dim = layer.in_features
         self.padding_idx = padding_idx
-        self.int4 = "minimums" in dict(layer.named_buffers(recurse=False))
+        self.int4 = layer.mode == "int4"
         self.register_buffer("levels", layer.levels)
         self.register_buffer("steps", layer.steps)
         self.register_buffer("minimums", layer.minimums if self.int4 else None)
