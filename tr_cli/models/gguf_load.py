@@ -8,7 +8,7 @@ the file where it lies, file_embedding.py), norms and biases
 are float32; any other run (dense weights, bfloat16, a GPU) takes every tensor dequantized in its
 dtype, one at a time, and quantizes as for a checkpoint. Buffers the model computes (the rotary
 frequencies) are computed as transformers' own loading computes them, then divided by a Llama 3.1+
-file's rope frequency factors, as llama.cpp applies them (transformers' GGUF loader skips that tensor).
+file's rope frequency factors, as llama.cpp applies them (gguf_rope.py).
 transformers' GGUF tensor-name map and tensor processor say which tensor is which parameter, and in
 which row order.
 """
@@ -26,6 +26,7 @@ from ..errors import ModelError
 from .file_embedding import FileEmbedding
 from .gguf_blocks import readable, type_name
 from .gguf_header import read_header
+from .gguf_rope import apply_rope_freqs
 from .gguf_tensors import GGUFFile, GGUFWeight, vector
 from .quantized_embedding import QuantizedEmbedding
 from .runtime import NATIVE_DTYPE
@@ -160,7 +161,7 @@ def load_gguf_model(path: Path, config, generation_config, mode: WeightsMode, dt
     try:
         sources = _fill(model, file, names, path, dtype, kind if direct else None)
         _materialize_buffers(model, path)
-        _apply_rope_factors(model, file, path)
+        apply_rope_freqs(model, file, path)
         _tie(model)
         if direct:
             quantize(model, mode, sources)
@@ -267,38 +268,6 @@ def _materialize_buffers(model: nn.Module, path: Path) -> None:
                 model._init_weights(module)
                 for n, value in kept.items():
                     getattr(module, n).copy_(value)
-
-
-# llama.cpp's per-frequency divisors of the rotary embedding: its converter writes them for Llama 3.1
-# and later (their config's rope_type llama3) instead of the scaling parameters, and divides each
-# frequency by its factor; the file's metadata then names no rope scaling.
-ROPE_FACTORS = "rope_freqs.weight"
-
-
-def _apply_rope_factors(model: nn.Module, file: GGUFFile, path: Path) -> None:
-    """The model's rotary frequencies divided by the file's ROPE_FACTORS where it has them, so that
-    `generate` and tr rotate as llama.cpp does on the same file (without them a Llama 3.2's lowest
-    frequencies would turn 32x too fast). Only over plain rotary frequencies (rope_type default): a
-    scaling transformers already applies is not applied twice."""
-    tensor = next((t for t in file.header.tensors if t.name == ROPE_FACTORS), None)
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if tensor is None or rotary is None or getattr(rotary, "rope_type", None) != "default":
-        return
-    frequencies = getattr(rotary, "inv_freq", None)
-    factors = vector(file, tensor, torch.float32).reshape(-1)
-    if not isinstance(frequencies, torch.Tensor) or frequencies.shape != factors.shape:
-        have = "none" if not isinstance(frequencies, torch.Tensor) else frequencies.numel()
-        raise ModelError(
-            f"model {path.name}: {ROPE_FACTORS} holds {factors.numel()} factors for {have} rotary frequencies; "
-            "the file is damaged or not what its metadata says"
-        )
-    if not bool(torch.isfinite(factors).all()) or bool((factors <= 0).any()):
-        raise ModelError(
-            f"model {path.name}: {ROPE_FACTORS} holds factors that are not positive numbers; the file is damaged"
-        )
-    scaled = frequencies / factors
-    rotary.inv_freq = scaled
-    rotary.original_inv_freq = scaled.clone()
 
 
 def _check_whole(model: nn.Module, path: Path) -> None:
