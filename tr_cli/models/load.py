@@ -60,13 +60,22 @@ def context_limit(model: torch.nn.Module) -> int | None:
 
 def config_context_limit(config: object) -> int | None:
     """The maximum positions a model's config states (its text decoder's, for a multimodal one),
-    or None: what context_limit reads, without the weights."""
+    or None: what context_limit reads, without the weights. A LongRoPE model (Phi-3.5, Phi-4-mini)
+    stops at its pretraining context: past it transformers rotates with other frequencies and
+    `generate` computes the whole sequence again, which a kept KV cache cannot follow."""
     try:
         config = config.get_text_config(decoder=True)
     except (AttributeError, TypeError):
         pass
     value = getattr(config, "max_position_embeddings", None)
-    return int(value) if isinstance(value, int) and value > 0 else None
+    if not isinstance(value, int) or value <= 0:
+        return None
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and rope.get("rope_type") == "longrope":
+        original = rope.get("original_max_position_embeddings")
+        if isinstance(original, int) and 0 < original < value:
+            return original
+    return value
 
 
 def _with_kernels(runtime: Runtime, cache: Path, status: Status) -> Runtime:

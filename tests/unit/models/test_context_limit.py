@@ -3,7 +3,7 @@ refuses a prompt past it at once) is the one the loaded model states."""
 
 from __future__ import annotations
 
-from transformers import LlamaConfig, LlavaConfig
+from transformers import LlamaConfig, LlavaConfig, Phi3Config
 
 from tr_cli.models.load import config_context_limit, context_limit
 
@@ -27,3 +27,17 @@ def test_no_stated_limit_is_none():
 def test_a_loaded_model_states_its_configs():
     model = tiny_model("llama")
     assert context_limit(model) == model.config.max_position_embeddings > 0
+
+
+def test_a_longrope_model_stops_at_its_pretraining_context():
+    """Past it transformers switches to the long factors and recomputes every position; a kept
+    KV cache rotated with the short ones could not give `generate`'s tokens."""
+    scaling = {
+        "rope_type": "longrope",
+        "short_factor": [1.0] * 8,
+        "long_factor": [2.0] * 8,
+        "original_max_position_embeddings": 4096,
+    }
+    config = Phi3Config(hidden_size=64, num_attention_heads=4, max_position_embeddings=131072, rope_parameters=scaling)
+    assert config_context_limit(config) == 4096
+    assert config_context_limit(Phi3Config(max_position_embeddings=131072)) == 131072
