@@ -97,10 +97,12 @@ def write_tiny_gguf(
     types: Callable[[str, np.ndarray], T] | None = None,
     seed: int = 0,
     extra: dict[str, np.ndarray] | None = None,
+    metadata: dict[str, int | float] | None = None,
 ) -> Path:
     """`model` (a transformers causal LM) as a GGUF at `path`, each tensor in `types(gguf name,
     array)`'s type (default_types()); `extra`: float32 tensors the file holds beside the model's
-    (llama.cpp's rope_freqs.weight)."""
+    (llama.cpp's rope_freqs.weight); `metadata`: further keys ("{arch}." prefixed), ints as uint32,
+    floats as float32 (what llama.cpp's converter writes beyond the config's keys)."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
@@ -117,6 +119,8 @@ def write_tiny_gguf(
             writer.add_uint32(f"{arch}.{gguf_key}", value)
         elif isinstance(value, float):
             writer.add_float32(f"{arch}.{gguf_key}", value)
+    for key, value in (metadata or {}).items():
+        (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"{arch}.{key}", value)
     tokens = _tokens(config.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
