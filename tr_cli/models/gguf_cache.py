@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import ModelError, first_line
 from .gguf_header import file_sha256, read_header
 from .gguf_metadata import fast_side_files
-from .gguf_rope import set_longrope
+from .gguf_rope import set_rope_scaling
 from .progress import Status
 
 # Config, generation config and tokenizer files: a few MB for any vocabulary.
@@ -30,7 +30,7 @@ MANIFEST = "MANIFEST.json"
 # What transformers raises on a GGUF it reads and rejects.
 _CONVERSION_ERRORS = (ValueError, KeyError, IndexError, TypeError, RuntimeError, NotImplementedError, OSError)
 # Bump when what is converted changes (files, their content for the same GGUF).
-_LAYOUT = 3  # 3: a LongRoPE file's rotary factors in the config
+_LAYOUT = 3  # 3: rotary scaling outside transformers' config map (LongRoPE, linear, YaRN)
 
 
 def _megabytes(n: int) -> str:
@@ -132,7 +132,7 @@ def gguf_side_files(path: Path, root: Path, status: Status) -> Path:
         ) from None
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    set_longrope(config, path, read_header(path))  # what transformers' readers leave out of the config
+    set_rope_scaling(config, path, read_header(path))  # what transformers' readers leave out of the config
     try:
         tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=root))
         try:

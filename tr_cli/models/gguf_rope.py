@@ -1,26 +1,36 @@
 """A GGUF's rotary settings that transformers' GGUF readers leave out, applied as llama.cpp applies them.
 
-llama.cpp's converter keeps two kinds of rotary scaling as tensors, which transformers' GGUF loader
-skips, so a model read from the file would rotate with plain frequencies, unlike the checkpoint
-and unlike llama.cpp on the same file:
+transformers' GGUF config maps read the rotary base and nothing of the scaling (gpt-oss aside), so a
+model read from such a file would rotate with plain frequencies, unlike its checkpoint and unlike
+llama.cpp on the same file. What llama.cpp's converter writes, and how it goes into the config
+before the model is built (transformers' own rope types then do the rest):
 
+- **Linear and YaRN** (`rope.scaling.type`, `.factor`; YaRN's `.original_context_length` and
+  optional `.yarn_beta_fast/slow`, `.yarn_attn_factor`): Gemma 3 4B-27B (linear x8 on its global
+  layers only, as in its checkpoint and in llama.cpp, whose sliding layers keep scale 1), YaRN
+  Qwen2.5/Qwen3 files. A factor without a type is linear, as llama.cpp reads it. YaRN's optional
+  keys are the checkpoint's own values, which llama.cpp reads for a few architectures only (it
+  uses the defaults, 32, 1 and 0.1 ln(factor) + 1, elsewhere): where a file states them, tr
+  rotates as the checkpoint did. Both are static: a position rotates the same way whatever the
+  length.
 - **LongRoPE** (Phi-3.5-mini, Phi-3-medium-128k, Phi-4-mini: architecture phi3): per-frequency
-  factors for short and for long contexts (`rope_factors_short/long.weight`), with the pretraining
-  context and the attention factor in metadata (`rope.scaling.original_context_length`,
-  `rope.scaling.attn_factor`). They go into the config, before the model is built, as
-  transformers' own `longrope` parameters: its rotary module then divides the frequencies by the
-  short factors up to the pretraining context (llama.cpp: while its context is no longer than that)
-  and multiplies cos/sin by the attention factor, as llama.cpp does. transformers' phi3 config map
-  also drops `rope.dimension_count`; a partial rotary (Phi-4-mini rotates 96 of 128 dims) is set
-  from it.
+  factors for short and for long contexts (`rope_factors_short/long.weight`) with the pretraining
+  context and attention factor in metadata, as transformers' `longrope` parameters: the short
+  factors up to the pretraining context (llama.cpp: while its context is no longer than that), cos
+  and sin times the attention factor. transformers' phi3 map also drops `rope.dimension_count`; a
+  partial rotary (Phi-4-mini rotates 96 of 128 dims) is set from it.
+- **A sliding layer's base** (`rope.freq_base_swa`), where the config keeps one per layer type.
 - **Llama 3.1+'s `rope_freqs.weight`**: the llama3 scaling as per-frequency divisors, the metadata
-  naming no scaling; the built model's frequencies are divided by them.
+  naming no scaling; the built model's frequencies are divided by them (apply_rope_freqs).
 
-Factors that do not fit (count, non-positive, non-finite) are refused in one line: a damaged file.
+A scaling transformers already read (its rope type not plain) is left as it is. Values that do not
+fit (an unknown type, counts, non-positive or non-finite numbers) are refused in one line: a damaged
+file or one tr cannot rotate as llama.cpp does.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -33,6 +43,8 @@ from .gguf_tensors import GGUFFile, vector
 
 ROPE_FREQS = "rope_freqs.weight"
 LONG_FACTORS, SHORT_FACTORS = "rope_factors_long.weight", "rope_factors_short.weight"
+# Optional YaRN keys and the names transformers' yarn parameters give them.
+_YARN_OPTIONS = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow", "yarn_attn_factor": "attention_factor"}
 
 
 def _factors(file: GGUFFile, name: str, count: int, path: Path) -> list[float]:
@@ -48,42 +60,98 @@ def _factors(file: GGUFFile, name: str, count: int, path: Path) -> list[float]:
     return [float(v) for v in values.tolist()]
 
 
-def set_longrope(config, path: Path, header: GGUFHeader) -> None:
-    """Put a LongRoPE file's factors, pretraining context and attention factor into `config` (see
-    the module's text), and a phi3 file's partial rotary; nothing for other files."""
+def _positive(header: GGUFHeader, key: str, path: Path) -> float | None:
+    """A metadata number that must be finite and positive, or None where the file has no such key."""
+    value = header.values.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (math.isfinite(value) and value > 0):
+        raise ModelError(f"model {path.name}: {key} is {value!r}, not a positive number; the file is damaged")
+    return float(value)
+
+
+def _factor(header: GGUFHeader, path: Path) -> float | None:
+    """The scaling factor under its key, or the older one llama.cpp still reads; None where there
+    is none or it is 0 (llama.cpp: no scaling)."""
     arch = header.architecture
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    rotary_dims = header.values.get(f"{arch}.rope.dimension_count")
-    parameters = dict(getattr(config, "rope_parameters", None) or {})
-    if config.model_type == "phi3" and isinstance(rotary_dims, int) and 0 < rotary_dims < head_dim:
-        parameters["partial_rotary_factor"] = rotary_dims / head_dim
+    for key in (f"{arch}.rope.scaling.factor", f"{arch}.rope.scale_linear"):
+        if key in header.values:
+            return None if header.values[key] == 0 else _positive(header, key, path)
+    return None
+
+
+def _scaling_type(header: GGUFHeader, path: Path) -> str:
+    """The file's rope scaling type; linear where it names none, as llama.cpp reads it."""
+    arch = header.architecture
+    kind = header.values.get(f"{arch}.rope.scaling.type", "linear")
+    if kind not in ("none", "linear", "yarn", "longrope"):
+        raise ModelError(
+            f"model {path.name}: {arch}.rope.scaling.type is {kind!r}; tr reads none, linear, yarn and longrope"
+        )
+    return kind
+
+
+def _longrope(config, path: Path, header: GGUFHeader, rotary: dict) -> None:
     names = {t.name for t in header.tensors}
     present = [name for name in (SHORT_FACTORS, LONG_FACTORS) if name in names]
-    if present:
-        if len(present) == 1:
-            missing = LONG_FACTORS if present == [SHORT_FACTORS] else SHORT_FACTORS
-            raise ModelError(f"model {path.name}: holds {present[0]} but no {missing}; the file is damaged")
-        count = int(head_dim * parameters.get("partial_rotary_factor", 1.0)) // 2
-        file = GGUFFile(path, header)
-        try:
-            short, long = (_factors(file, name, count, path) for name in (SHORT_FACTORS, LONG_FACTORS))
-        finally:
-            file.close()
-        trained = int(header.values.get(f"{arch}.context_length", config.max_position_embeddings))
-        original = int(header.values.get(f"{arch}.rope.scaling.original_context_length", trained))
-        attention = header.values.get(f"{arch}.rope.scaling.attn_factor")
-        if original <= 0 or (attention is not None and not (math.isfinite(attention) and attention > 0)):
-            raise ModelError(
-                f"model {path.name}: its rope scaling metadata (original context {original}, attention factor "
-                f"{attention}) is not usable; the file is damaged"
-            )
-        parameters.update(
-            rope_type="longrope", short_factor=short, long_factor=long, original_max_position_embeddings=original
-        )
-        if attention is not None:
-            parameters["attention_factor"] = float(attention)  # llama.cpp's, as the converter wrote it
-        if hasattr(config, "original_max_position_embeddings"):
-            config.original_max_position_embeddings = original
+    if len(present) < 2:
+        missing = " and ".join(name for name in (SHORT_FACTORS, LONG_FACTORS) if name not in present)
+        held = f"holds {present[0]} but" if present else "names LongRoPE scaling but holds"
+        raise ModelError(f"model {path.name}: {held} no {missing}; the file is damaged")
+    arch = header.architecture
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    count = int(head_dim * rotary.get("partial_rotary_factor", 1.0)) // 2
+    file = GGUFFile(path, header)
+    try:
+        short, long = (_factors(file, name, count, path) for name in (SHORT_FACTORS, LONG_FACTORS))
+    finally:
+        file.close()
+    trained = _positive(header, f"{arch}.context_length", path) or config.max_position_embeddings
+    original = int(_positive(header, f"{arch}.rope.scaling.original_context_length", path) or trained)
+    rotary.update(rope_type="longrope", short_factor=short, long_factor=long, original_max_position_embeddings=original)
+    attention = _positive(header, f"{arch}.rope.scaling.attn_factor", path)
+    if attention is not None:
+        rotary["attention_factor"] = attention  # llama.cpp's, as the converter wrote it
+    if hasattr(config, "original_max_position_embeddings"):
+        config.original_max_position_embeddings = original
+
+
+def _linear_or_yarn(config, path: Path, header: GGUFHeader, kind: str, factor: float, rotary: dict) -> None:
+    rotary.update(rope_type=kind, factor=factor)
+    if kind == "yarn":
+        arch = header.architecture
+        trained = _positive(header, f"{arch}.context_length", path) or config.max_position_embeddings
+        original = _positive(header, f"{arch}.rope.scaling.original_context_length", path) or trained
+        rotary["original_max_position_embeddings"] = int(original)
+        for gguf_key, name in _YARN_OPTIONS.items():
+            value = _positive(header, f"{arch}.rope.scaling.{gguf_key}", path)
+            if value is not None:
+                rotary[name] = value
+
+
+def set_rope_scaling(config, path: Path, header: GGUFHeader) -> None:
+    """Put the rotary scaling the file keeps outside transformers' config map into `config` (see
+    the module's text); nothing for a file that has none."""
+    arch = header.architecture
+    parameters = copy.deepcopy(dict(getattr(config, "rope_parameters", None) or {}))
+    by_layer_type = isinstance(parameters.get("full_attention"), dict)
+    # Global layers take the scaling (Gemma 3's checkpoint and llama.cpp alike); sliding ones keep theirs.
+    rotary = parameters["full_attention"] if by_layer_type else parameters
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rotary_dims = header.values.get(f"{arch}.rope.dimension_count")
+    if config.model_type == "phi3" and isinstance(rotary_dims, int) and 0 < rotary_dims < head_dim:
+        rotary["partial_rotary_factor"] = rotary_dims / head_dim
+    names = {t.name for t in header.tensors}
+    kind, factor = _scaling_type(header, path), _factor(header, path)
+    if rotary.get("rope_type", "default") == "default":
+        # LongRoPE goes by its factors, as in llama.cpp: without them a phi3 file rotates plainly.
+        if SHORT_FACTORS in names or LONG_FACTORS in names:
+            _longrope(config, path, header, rotary)
+        elif kind in ("linear", "yarn") and factor not in (None, 1.0):
+            _linear_or_yarn(config, path, header, kind, factor, rotary)
+    sliding_base = _positive(header, f"{arch}.rope.freq_base_swa", path)
+    if by_layer_type and sliding_base is not None and isinstance(parameters.get("sliding_attention"), dict):
+        parameters["sliding_attention"]["rope_theta"] = sliding_base
     if parameters:
         config.rope_parameters = parameters
 
