@@ -51,9 +51,10 @@ def encoded(array: np.ndarray, ggml_type: T, seed: int = 0) -> np.ndarray:
 
 
 def _llama_permute(weights: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp's converter's q/k row order (transformers' LlamaTensorProcessor undoes it)."""
+    """llama.cpp's converter's q/k row order (transformers' LlamaTensorProcessor undoes it): each
+    head's two rotary halves interleaved."""
     dim = weights.shape[0] // heads // 2
-    return weights.reshape(heads, dim, 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    return weights.reshape(heads, 2, dim, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
 
 
 def _to_file(arch: str, gguf_name: str, array: np.ndarray, config) -> np.ndarray:
@@ -97,12 +98,12 @@ def write_tiny_gguf(
     types: Callable[[str, np.ndarray], T] | None = None,
     seed: int = 0,
     extra: dict[str, np.ndarray] | None = None,
-    metadata: dict[str, int | float] | None = None,
+    metadata: dict[str, int | float | str] | None = None,
 ) -> Path:
     """`model` (a transformers causal LM) as a GGUF at `path`, each tensor in `types(gguf name,
     array)`'s type (default_types()); `extra`: float32 tensors the file holds beside the model's
     (llama.cpp's rope_freqs.weight); `metadata`: further keys ("{arch}." prefixed), ints as uint32,
-    floats as float32 (what llama.cpp's converter writes beyond the config's keys)."""
+    floats as float32, strings as strings (what llama.cpp's converter writes beyond the config's keys)."""
     from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
 
@@ -120,7 +121,8 @@ def write_tiny_gguf(
         elif isinstance(value, float):
             writer.add_float32(f"{arch}.{gguf_key}", value)
     for key, value in (metadata or {}).items():
-        (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"{arch}.{key}", value)
+        add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)]
+        add(f"{arch}.{key}", value)
     tokens = _tokens(config.vocab_size)
     writer.add_tokenizer_model("gpt2")
     writer.add_token_list(tokens)
