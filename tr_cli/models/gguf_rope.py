@@ -1,31 +1,30 @@
 """A GGUF's rotary settings that transformers' GGUF readers leave out, applied as llama.cpp applies them.
 
-transformers' GGUF config maps read the rotary base and nothing of the scaling (gpt-oss aside), so a
-model read from such a file would rotate with plain frequencies, unlike its checkpoint and unlike
-llama.cpp on the same file. What llama.cpp's converter writes, and how it goes into the config
-before the model is built (transformers' own rope types then do the rest):
+transformers' GGUF config maps read the rotary base and no scaling (only its gpt-oss reader tries),
+so a model read from such a file would rotate with plain frequencies, unlike its checkpoint and
+unlike llama.cpp on the same file. What llama.cpp's converter writes, and how it goes into the
+config before the model is built (transformers' own rope types then do the rest):
 
-- **Linear and YaRN** (`rope.scaling.type`, `.factor`; YaRN's `.original_context_length` and
-  optional `.yarn_beta_fast/slow`, `.yarn_attn_factor`): Gemma 3 4B-27B (linear x8 on its global
-  layers only, as in its checkpoint and in llama.cpp, whose sliding layers keep scale 1), YaRN
-  Qwen2.5/Qwen3 files. A factor without a type is linear, as llama.cpp reads it. YaRN's optional
-  keys are the checkpoint's own values, which llama.cpp reads for a few architectures only (it
-  uses the defaults, 32, 1 and 0.1 ln(factor) + 1, elsewhere): where a file states them, tr
-  rotates as the checkpoint did. Both are static: a position rotates the same way whatever the
-  length.
+- **Linear and YaRN** (`rope.scaling.type`, `.factor`; YaRN's `.original_context_length`): Gemma 3
+  4B-27B (linear x8 on its global layers only, as in its checkpoint and in llama.cpp, whose sliding
+  layers keep scale 1), YaRN Qwen2.5/Qwen3 files. As llama.cpp reads them: a factor without a type
+  is linear, a factor of 0 or 1 or the type none scales nothing, YaRN takes betas 32 and 1 and the
+  magnitude 0.1 ln(factor) + 1 times `rope.scaling.attn_factor` (the `yarn_*` keys a converter
+  copies from a checkpoint are read by llama.cpp for a few other architectures only). Both are
+  static: a position rotates the same way whatever the length.
 - **LongRoPE** (Phi-3.5-mini, Phi-3-medium-128k, Phi-4-mini: architecture phi3): per-frequency
   factors for short and for long contexts (`rope_factors_short/long.weight`) with the pretraining
-  context and attention factor in metadata, as transformers' `longrope` parameters: the short
-  factors up to the pretraining context (llama.cpp: while its context is no longer than that), cos
-  and sin times the attention factor. transformers' phi3 map also drops `rope.dimension_count`; a
-  partial rotary (Phi-4-mini rotates 96 of 128 dims) is set from it.
+  context and attention factor (1 where the file has none) in metadata, as transformers' `longrope`
+  parameters: the short factors up to the pretraining context (llama.cpp: while its context is no
+  longer than that), cos and sin times the attention factor. transformers' phi3 map also drops
+  `rope.dimension_count`; a partial rotary (Phi-4-mini rotates 96 of 128 dims) is set from it.
 - **A sliding layer's base** (`rope.freq_base_swa`), where the config keeps one per layer type.
 - **Llama 3.1+'s `rope_freqs.weight`**: the llama3 scaling as per-frequency divisors, the metadata
   naming no scaling; the built model's frequencies are divided by them (apply_rope_freqs).
 
 A scaling transformers already read (its rope type not plain) is left as it is. Values that do not
-fit (an unknown type, counts, non-positive or non-finite numbers) are refused in one line: a damaged
-file or one tr cannot rotate as llama.cpp does.
+fit (an unknown type, counts, non-positive or non-finite numbers, an attention factor on linear
+scaling, which transformers cannot apply) are refused in one line.
 """
 
 from __future__ import annotations
@@ -43,8 +42,6 @@ from .gguf_tensors import GGUFFile, vector
 
 ROPE_FREQS = "rope_freqs.weight"
 LONG_FACTORS, SHORT_FACTORS = "rope_factors_long.weight", "rope_factors_short.weight"
-# Optional YaRN keys and the names transformers' yarn parameters give them.
-_YARN_OPTIONS = {"yarn_beta_fast": "beta_fast", "yarn_beta_slow": "beta_slow", "yarn_attn_factor": "attention_factor"}
 
 
 def _factors(file: GGUFFile, name: str, count: int, path: Path) -> list[float]:
@@ -91,16 +88,19 @@ def _scaling_type(header: GGUFHeader, path: Path) -> str:
     return kind
 
 
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def _longrope(config, path: Path, header: GGUFHeader, rotary: dict) -> None:
     names = {t.name for t in header.tensors}
     present = [name for name in (SHORT_FACTORS, LONG_FACTORS) if name in names]
-    if len(present) < 2:
-        missing = " and ".join(name for name in (SHORT_FACTORS, LONG_FACTORS) if name not in present)
-        held = f"holds {present[0]} but" if present else "names LongRoPE scaling but holds"
-        raise ModelError(f"model {path.name}: {held} no {missing}; the file is damaged")
+    if len(present) < 2:  # one of them: set_rope_scaling comes here when the file holds either
+        missing = LONG_FACTORS if present == [SHORT_FACTORS] else SHORT_FACTORS
+        raise ModelError(f"model {path.name}: holds {present[0]} but no {missing}; the file is damaged")
     arch = header.architecture
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    count = int(head_dim * rotary.get("partial_rotary_factor", 1.0)) // 2
+    # As transformers counts the rotated dims (int(head_dim * partial)), which it checks the factors against.
+    count = int(_head_dim(config) * rotary.get("partial_rotary_factor", 1.0)) // 2
     file = GGUFFile(path, header)
     try:
         short, long = (_factors(file, name, count, path) for name in (SHORT_FACTORS, LONG_FACTORS))
@@ -109,24 +109,37 @@ def _longrope(config, path: Path, header: GGUFHeader, rotary: dict) -> None:
     trained = _positive(header, f"{arch}.context_length", path) or config.max_position_embeddings
     original = int(_positive(header, f"{arch}.rope.scaling.original_context_length", path) or trained)
     rotary.update(rope_type="longrope", short_factor=short, long_factor=long, original_max_position_embeddings=original)
-    attention = _positive(header, f"{arch}.rope.scaling.attn_factor", path)
-    if attention is not None:
-        rotary["attention_factor"] = attention  # llama.cpp's, as the converter wrote it
+    # llama.cpp multiplies cos and sin by this (1 where the file has none, not transformers' default).
+    rotary["attention_factor"] = _positive(header, f"{arch}.rope.scaling.attn_factor", path) or 1.0
     if hasattr(config, "original_max_position_embeddings"):
         config.original_max_position_embeddings = original
 
 
 def _linear_or_yarn(config, path: Path, header: GGUFHeader, kind: str, factor: float, rotary: dict) -> None:
-    rotary.update(rope_type=kind, factor=factor)
-    if kind == "yarn":
-        arch = header.architecture
-        trained = _positive(header, f"{arch}.context_length", path) or config.max_position_embeddings
-        original = _positive(header, f"{arch}.rope.scaling.original_context_length", path) or trained
-        rotary["original_max_position_embeddings"] = int(original)
-        for gguf_key, name in _YARN_OPTIONS.items():
-            value = _positive(header, f"{arch}.rope.scaling.{gguf_key}", path)
-            if value is not None:
-                rotary[name] = value
+    arch = header.architecture
+    attention = _positive(header, f"{arch}.rope.scaling.attn_factor", path)
+    if kind == "linear":
+        if attention not in (None, 1.0):
+            raise ModelError(
+                f"model {path.name}: linear rope scaling with an attention factor ({attention:g}) is not something "
+                "transformers' rotary embeddings can apply; tr cannot run this file as llama.cpp does"
+            )
+        rotary.update(rope_type="linear", factor=factor)
+        return
+    trained = _positive(header, f"{arch}.context_length", path) or config.max_position_embeddings
+    original = _positive(header, f"{arch}.rope.scaling.original_context_length", path) or trained
+    # llama.cpp's betas (32, 1) and magnitude (0.1 ln(factor) + 1, times the file's attention factor),
+    # whatever YaRN keys the converter copied from the checkpoint: it reads those for a few other
+    # architectures only.
+    magnitude = 0.1 * math.log(factor) + 1.0 if factor > 1.0 else 1.0
+    rotary.update(
+        rope_type="yarn",
+        factor=factor,
+        original_max_position_embeddings=int(original),
+        beta_fast=32.0,
+        beta_slow=1.0,
+        attention_factor=magnitude * (attention or 1.0),
+    )
 
 
 def set_rope_scaling(config, path: Path, header: GGUFHeader) -> None:
@@ -134,13 +147,14 @@ def set_rope_scaling(config, path: Path, header: GGUFHeader) -> None:
     the module's text); nothing for a file that has none."""
     arch = header.architecture
     parameters = copy.deepcopy(dict(getattr(config, "rope_parameters", None) or {}))
+    if not parameters:  # no rotary embedding (mamba)
+        return
     by_layer_type = isinstance(parameters.get("full_attention"), dict)
     # Global layers take the scaling (Gemma 3's checkpoint and llama.cpp alike); sliding ones keep theirs.
     rotary = parameters["full_attention"] if by_layer_type else parameters
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rotary_dims = header.values.get(f"{arch}.rope.dimension_count")
-    if config.model_type == "phi3" and isinstance(rotary_dims, int) and 0 < rotary_dims < head_dim:
-        rotary["partial_rotary_factor"] = rotary_dims / head_dim
+    if config.model_type == "phi3" and isinstance(rotary_dims, int) and 0 < rotary_dims < _head_dim(config):
+        rotary["partial_rotary_factor"] = rotary_dims / _head_dim(config)
     names = {t.name for t in header.tensors}
     kind, factor = _scaling_type(header, path), _factor(header, path)
     if rotary.get("rope_type", "default") == "default":
@@ -152,8 +166,7 @@ def set_rope_scaling(config, path: Path, header: GGUFHeader) -> None:
     sliding_base = _positive(header, f"{arch}.rope.freq_base_swa", path)
     if by_layer_type and sliding_base is not None and isinstance(parameters.get("sliding_attention"), dict):
         parameters["sliding_attention"]["rope_theta"] = sliding_base
-    if parameters:
-        config.rope_parameters = parameters
+    config.rope_parameters = parameters
 
 
 def apply_rope_freqs(model: nn.Module, file: GGUFFile, path: Path) -> None:
