@@ -7,8 +7,6 @@ that do not fit are refused."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -24,9 +22,12 @@ from tiny_models import random_prompt, reference
 
 HEAD_DIM, ORIGINAL, LONGEST = 16, 48, 768
 THETA = 10000.0
+# The converter's attention factor is sqrt(1 + ln(LONGEST / ORIGINAL) / ln(ORIGINAL)), which is also
+# transformers' default: another value shows that the file's is the one read.
+ATTENTION = 1.25
 
 
-def longrope_checkpoint(partial: float) -> Phi3ForCausalLM:
+def longrope_checkpoint(partial: float, attention: float | None = None) -> Phi3ForCausalLM:
     """A tiny Phi-3 with LongRoPE as a checkpoint's config.json says it, factors well away from 1."""
     pairs = int(HEAD_DIM * partial) // 2
     scaling = {
@@ -36,6 +37,7 @@ def longrope_checkpoint(partial: float) -> Phi3ForCausalLM:
         "short_factor": [1.0 + 0.25 * i for i in range(pairs)],
         "long_factor": [2.0 + 3.0 * i for i in range(pairs)],
         "original_max_position_embeddings": ORIGINAL,
+        "attention_factor": ATTENTION if attention is None else attention,
     }
     config = Phi3Config(
         vocab_size=32064,  # its config's default pad id, 32000, must fit
@@ -63,9 +65,9 @@ def longrope_checkpoint(partial: float) -> Phi3ForCausalLM:
 
 def as_gguf(tmp_path, model: Phi3ForCausalLM, short=None, long=None, drop: str | None = None):
     """The checkpoint as llama.cpp's converter writes it: float32 tensors, the factors as tensors,
-    the pretraining context, the attention factor and the rotary dims as metadata."""
+    the pretraining context, the attention factor (unless it is 1: older files have none) and the
+    rotary dims as metadata."""
     scaling = model.config.rope_parameters
-    factor = LONGEST / ORIGINAL
     extra = {
         "rope_factors_short.weight": np.array(scaling["short_factor"] if short is None else short, np.float32),
         "rope_factors_long.weight": np.array(scaling["long_factor"] if long is None else long, np.float32),
@@ -74,9 +76,10 @@ def as_gguf(tmp_path, model: Phi3ForCausalLM, short=None, long=None, drop: str |
         del extra[drop]
     metadata = {
         "rope.scaling.original_context_length": ORIGINAL,
-        "rope.scaling.attn_factor": math.sqrt(1 + math.log(factor) / math.log(ORIGINAL)),
         "rope.dimension_count": int(HEAD_DIM * scaling["partial_rotary_factor"]),
     }
+    if scaling["attention_factor"] != 1.0:
+        metadata["rope.scaling.attn_factor"] = scaling["attention_factor"]
     return write_tiny_gguf(tmp_path / "phi.gguf", model, lambda name, array: T.F32, extra=extra, metadata=metadata)
 
 
@@ -103,6 +106,15 @@ def test_a_longrope_gguf_gives_its_checkpoints_logits(tmp_path, tr_kernels, part
         want = logits(checkpoint, ids)
         torch.testing.assert_close(logits(ours, ids), want, rtol=1e-4, atol=1e-4)
         assert not torch.allclose(logits(plain, ids), want, rtol=1e-2, atol=1e-2)  # the factors matter here
+
+
+def test_without_an_attention_factor_a_longrope_gguf_scales_cos_and_sin_by_one(tmp_path, tr_kernels):
+    """As llama.cpp does, not transformers' default for a checkpoint that states none."""
+    checkpoint = longrope_checkpoint(1.0, attention=1.0)
+    ours = loaded(as_gguf(tmp_path, checkpoint), "dense", tmp_path / "cache")
+    assert ours.model.rotary_emb.attention_scaling == 1.0
+    ids = random_prompt(ORIGINAL - 8, 2)
+    torch.testing.assert_close(logits(ours, ids), logits(checkpoint, ids), rtol=1e-4, atol=1e-4)
 
 
 def test_tr_equals_generate_on_a_longrope_gguf_within_its_pretraining_context(tmp_path, tr_kernels):

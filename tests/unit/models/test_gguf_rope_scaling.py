@@ -7,6 +7,8 @@ scaling (a factor of 0, a type of none) scales nothing."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
@@ -16,6 +18,8 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MambaConfig,
+    MambaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -34,16 +38,12 @@ def checkpoint(name: str) -> torch.nn.Module:
     if name == "linear":
         config = LlamaConfig(num_hidden_layers=2, rope_parameters={"rope_type": "linear", "factor": 4.0}, **COMMON)
         model = LlamaForCausalLM(config)
-    elif name == "yarn":
-        # A beta and an attention factor of its own (defaults: 32 and 0.1 ln(factor) + 1), both of
-        # which change this tiny head's rotation.
-        scaling = {
-            "rope_type": "yarn",
-            "factor": 4.0,
-            "original_max_position_embeddings": 32,
-            "beta_fast": 1.5,
-            "attention_factor": 1.3,
-        }
+    elif name.startswith("yarn"):
+        # llama.cpp's YaRN: betas 32 and 1, magnitude 0.1 ln(factor) + 1 times the file's attention
+        # factor ("yarn-attention": 1.3)
+        scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+        if name == "yarn-attention":
+            scaling["attention_factor"] = (0.1 * math.log(4.0) + 1.0) * 1.3
         model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=2, rope_parameters=scaling, **COMMON))
     else:  # Gemma 3 4B-27B: linear x8 on the global layers, the sliding ones on their own base
         rope = {
@@ -66,12 +66,20 @@ def checkpoint(name: str) -> torch.nn.Module:
 # What llama.cpp's converter writes for each (convert_hf_to_gguf.py: rope scaling, rope theta swa).
 METADATA = {
     "linear": {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0},
-    "yarn": {
+    "yarn": {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 32},
+    # What a converter copies from a checkpoint that states them and llama.cpp reads for qwen2 as above.
+    "yarn-ignored": {
         "rope.scaling.type": "yarn",
         "rope.scaling.factor": 4.0,
         "rope.scaling.original_context_length": 32,
         "rope.scaling.yarn_beta_fast": 1.5,
         "rope.scaling.yarn_attn_factor": 1.3,
+    },
+    "yarn-attention": {
+        "rope.scaling.type": "yarn",
+        "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 32,
+        "rope.scaling.attn_factor": 1.3,
     },
     "gemma3": {"rope.scaling.type": "linear", "rope.scaling.factor": 8.0, "rope.freq_base_swa": 5_000.0},
 }
@@ -90,10 +98,19 @@ def logits(model, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0]
 
 
-@pytest.mark.parametrize("name", ["linear", "yarn", "gemma3"])
-def test_a_scaled_gguf_gives_its_checkpoints_logits(tmp_path, tr_kernels, name):
+@pytest.mark.parametrize(
+    ("name", "file"),
+    [
+        ("linear", "linear"),
+        ("yarn", "yarn"),
+        ("yarn", "yarn-ignored"),
+        ("yarn-attention", "yarn-attention"),
+        ("gemma3", "gemma3"),
+    ],
+)
+def test_a_scaled_gguf_gives_its_checkpoints_logits(tmp_path, tr_kernels, name, file):
     model = checkpoint(name)
-    ours = loaded(as_gguf(tmp_path, model, METADATA[name]), "dense", tmp_path / "cache")
+    ours = loaded(as_gguf(tmp_path, model, METADATA[file]), "dense", tmp_path / "cache")
     unscaled = loaded(as_gguf(tmp_path, model, {}, "plain.gguf"), "dense", tmp_path / "cache")
     ids = random_prompt(LENGTH, 3)
     want = logits(model, ids)
@@ -144,9 +161,21 @@ def test_tr_equals_generate_on_a_scaled_gguf(tmp_path, tr_kernels, name):
         ({"rope.scaling.type": "ntk", "rope.scaling.factor": 4.0}, "llama.rope.scaling.type is 'ntk'; tr reads"),
         ({"rope.scaling.type": "linear", "rope.scaling.factor": -2.0}, "llama.rope.scaling.factor is -2.0, not a"),
         ({"rope.scaling.factor": float("nan")}, "llama.rope.scaling.factor is nan, not a positive number"),
+        (
+            {"rope.scaling.type": "linear", "rope.scaling.factor": 4.0, "rope.scaling.attn_factor": 1.3},
+            r"linear rope scaling with an attention factor \(1.3",
+        ),
     ],
-    ids=["unknown-type", "negative", "nan"],
+    ids=["unknown-type", "negative", "nan", "linear-attention"],
 )
 def test_scaling_metadata_that_does_not_fit_is_refused(tmp_path, tr_kernels, metadata, said):
     with pytest.raises(ModelError, match=f"m.gguf: {said}"):
         loaded(as_gguf(tmp_path, checkpoint("linear"), metadata), "int8", tmp_path / "cache")
+
+
+@pytest.mark.filterwarnings("ignore:.*encountered in log:RuntimeWarning")  # transformers' reading of random SSM weights
+def test_a_file_without_rotary_embeddings_is_read_as_it_was(tmp_path, tr_kernels):
+    """A mamba file: no rope parameters to scale (and no attention heads to count)."""
+    model = MambaForCausalLM(MambaConfig(vocab_size=COMMON["vocab_size"], hidden_size=32, num_hidden_layers=2))
+    ours = loaded(as_gguf(tmp_path, model.eval(), {}), "dense", tmp_path / "cache")
+    assert isinstance(ours, MambaForCausalLM) and not getattr(ours.config, "rope_parameters", None)
