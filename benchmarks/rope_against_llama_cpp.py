@@ -160,7 +160,7 @@ def main() -> None:
             without, _ = tr_reading(bare, ids, root / "cache")
 
             same, bare_same = agreed(theirs, ours), agreed(theirs, without)
-            tie = f" (then a near tie: top-2 margin {margins[same]:.1e})" if same < NEW else ""
+            tie = f" (parting where tr's top-2 margin is {margins[same]:.1e})" if same < NEW else ""
             print(f"{name:10s} tr = llama.cpp for {same}/{NEW} tokens{tie}; without the scaling: {bare_same}/{NEW}")
 
 
