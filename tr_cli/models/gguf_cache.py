@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..errors import ModelError, first_line
-from .gguf_header import file_sha256, read_header
+from .gguf_header import GGUFHeader, file_sha256, read_header
 from .gguf_metadata import fast_side_files
 from .gguf_rope import set_rope_scaling
 from .progress import Status
@@ -92,13 +92,13 @@ def valid(directory: Path) -> bool:
         return False
 
 
-def _read_side_files(path: Path, root: Path):
+def _read_side_files(path: Path, header: GGUFHeader, root: Path):
     """(config, tokenizer) from the GGUF: each file read once where transformers has a fast
     tokenizer reader (gguf_metadata.py), else, or where that route fails, transformers' own."""
     from transformers import AutoConfig, AutoTokenizer
 
     try:
-        sides = fast_side_files(path, read_header(path), root)
+        sides = fast_side_files(path, header, root)
     except _CONVERSION_ERRORS:
         sides = None  # transformers' own route below says what is wrong with the file
     if sides is not None:
@@ -122,8 +122,9 @@ def gguf_side_files(path: Path, root: Path, status: Status) -> Path:
         raise ModelError(f"model {path.name}: cannot create the cache directory {root} ({exc.strerror})") from None
     _check_room(path, root)
     status(f"Reading {path.name}'s tokenizer and config (first load only, cached afterwards)")
+    header = read_header(path)
     try:
-        config, tokenizer = _read_side_files(path, root)
+        config, tokenizer = _read_side_files(path, header, root)
     except _CONVERSION_ERRORS as exc:
         # resolve_model checked the header; what is left is a file transformers reads and rejects
         raise ModelError(
@@ -132,7 +133,7 @@ def gguf_side_files(path: Path, root: Path, status: Status) -> Path:
         ) from None
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    set_rope_scaling(config, path, read_header(path))  # what transformers' readers leave out of the config
+    set_rope_scaling(config, path, header)  # what transformers' readers leave out of the config
     try:
         tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=root))
         try:

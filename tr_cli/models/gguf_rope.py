@@ -92,8 +92,14 @@ def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def _longrope(config, path: Path, header: GGUFHeader, rotary: dict) -> None:
-    names = {t.name for t in header.tensors}
+def _original_context(config, header: GGUFHeader, path: Path) -> int:
+    """The context the scaling extends: the file's original context, else its trained one."""
+    arch = header.architecture
+    trained = _positive(header, f"{arch}.context_length", path) or config.max_position_embeddings
+    return int(_positive(header, f"{arch}.rope.scaling.original_context_length", path) or trained)
+
+
+def _longrope(config, path: Path, header: GGUFHeader, names: set[str], rotary: dict) -> None:
     present = [name for name in (SHORT_FACTORS, LONG_FACTORS) if name in names]
     if len(present) < 2:  # one of them: set_rope_scaling comes here when the file holds either
         missing = LONG_FACTORS if present == [SHORT_FACTORS] else SHORT_FACTORS
@@ -106,8 +112,7 @@ def _longrope(config, path: Path, header: GGUFHeader, rotary: dict) -> None:
         short, long = (_factors(file, name, count, path) for name in (SHORT_FACTORS, LONG_FACTORS))
     finally:
         file.close()
-    trained = _positive(header, f"{arch}.context_length", path) or config.max_position_embeddings
-    original = int(_positive(header, f"{arch}.rope.scaling.original_context_length", path) or trained)
+    original = _original_context(config, header, path)
     rotary.update(rope_type="longrope", short_factor=short, long_factor=long, original_max_position_embeddings=original)
     # llama.cpp multiplies cos and sin by this (1 where the file has none, not transformers' default).
     rotary["attention_factor"] = _positive(header, f"{arch}.rope.scaling.attn_factor", path) or 1.0
@@ -126,8 +131,6 @@ def _linear_or_yarn(config, path: Path, header: GGUFHeader, kind: str, factor: f
             )
         rotary.update(rope_type="linear", factor=factor)
         return
-    trained = _positive(header, f"{arch}.context_length", path) or config.max_position_embeddings
-    original = _positive(header, f"{arch}.rope.scaling.original_context_length", path) or trained
     # llama.cpp's betas (32, 1) and magnitude (0.1 ln(factor) + 1, times the file's attention factor),
     # whatever YaRN keys the converter copied from the checkpoint: it reads those for a few other
     # architectures only.
@@ -135,7 +138,7 @@ def _linear_or_yarn(config, path: Path, header: GGUFHeader, kind: str, factor: f
     rotary.update(
         rope_type="yarn",
         factor=factor,
-        original_max_position_embeddings=int(original),
+        original_max_position_embeddings=_original_context(config, header, path),
         beta_fast=32.0,
         beta_slow=1.0,
         attention_factor=magnitude * (attention or 1.0),
@@ -160,7 +163,7 @@ def set_rope_scaling(config, path: Path, header: GGUFHeader) -> None:
     if rotary.get("rope_type", "default") == "default":
         # LongRoPE goes by its factors, as in llama.cpp: without them a phi3 file rotates plainly.
         if SHORT_FACTORS in names or LONG_FACTORS in names:
-            _longrope(config, path, header, rotary)
+            _longrope(config, path, header, names, rotary)
         elif kind in ("linear", "yarn") and factor not in (None, 1.0):
             _linear_or_yarn(config, path, header, kind, factor, rotary)
     sliding_base = _positive(header, f"{arch}.rope.freq_base_swa", path)
