@@ -39,7 +39,7 @@ from tiny_gguf import write_tiny_gguf  # noqa: E402
 
 from tr_cli.models import Runtime, load_model  # noqa: E402
 
-from tiny_models import COMMON, random_prompt  # noqa: E402
+from tiny_models import COMMON, random_prompt, randomized  # noqa: E402
 
 PROMPT, NEW, PORT = 60, 40, 8093
 # What llama.cpp's ignore_eos bans: the tiny vocabulary's EOS and "<|endoftext|>".
@@ -48,11 +48,7 @@ BANNED = [3, COMMON["vocab_size"] - 1]
 
 def _init(model: torch.nn.Module, embed: float = 0.1, std: float = 0.1) -> torch.nn.Module:
     torch.manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, embed if "embed" in name else std)
-    return model.eval()
+    return randomized(model, embed, std)
 
 
 def cases() -> Iterator[tuple[str, torch.nn.Module, dict, dict]]:

@@ -102,16 +102,19 @@ _INIT_STD = {"gemma2": (0.01, 0.2), "gemma3": (0.01, 0.2), "gemma3-untied": (0.0
 
 def tiny_model(name: str, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     torch.manual_seed(seed)
-    model = _build(name)
-    embed_std, std = _INIT_STD.get(name, (0.1, 0.1))
+    return randomized(_build(name), *_INIT_STD.get(name, (0.1, 0.1))).to(dtype)
+
+
+def randomized(model: torch.nn.Module, embed_std: float = 0.1, std: float = 0.1) -> torch.nn.Module:
+    """`model` with its matrices drawn from N(0, std) (embeddings: embed_std) from torch's current
+    seed, in eval mode, generating until EOS: the tiny models' weights."""
     with torch.no_grad():
         for param_name, param in model.named_parameters():
             if param.dim() >= 2:
                 param.normal_(0.0, embed_std if "embed" in param_name or param_name.endswith("wte.weight") else std)
-    model = model.to(dtype).eval()
     model.generation_config.eos_token_id = EOS
     model.generation_config.pad_token_id = 0
-    return model
+    return model.eval()
 
 
 def reference(model, ids: list[int], max_new_tokens: int, eos: int = EOS) -> list[int]:

@@ -18,7 +18,7 @@ from tr_cli.core import StopCondition, TokenRecyclingDecoder
 from tr_cli.errors import ModelError
 from tr_cli.models import Runtime, load_model
 
-from tiny_models import random_prompt, reference
+from tiny_models import random_prompt, randomized, reference
 
 HEAD_DIM, ORIGINAL, LONGEST = 16, 48, 768
 THETA = 10000.0
@@ -54,13 +54,7 @@ def longrope_checkpoint(partial: float, attention: float | None = None) -> Phi3F
     )
     torch.manual_seed(0)
     model = Phi3ForCausalLM(config)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, 0.1)
-    model.generation_config.eos_token_id = 3
-    model.generation_config.pad_token_id = 0
-    return model.eval()
+    return randomized(model)
 
 
 def as_gguf(tmp_path, model: Phi3ForCausalLM, short=None, long=None, drop: str | None = None):

@@ -28,7 +28,7 @@ from tr_cli.core import StopCondition, TokenRecyclingDecoder
 from tr_cli.errors import ModelError
 from tr_cli.models import Runtime, load_model
 
-from tiny_models import COMMON, EOS, random_prompt, reference
+from tiny_models import COMMON, EOS, random_prompt, randomized, reference
 
 LENGTH = 72  # past YaRN's original context below, so its ramp and attention factor both matter
 
@@ -54,13 +54,7 @@ def checkpoint(name: str) -> torch.nn.Module:
         config = Gemma3TextConfig(num_hidden_layers=6, head_dim=16, sliding_window=12, rope_parameters=rope, **COMMON)
         model = Gemma3ForCausalLM(config)
     torch.manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() >= 2:
-                param.normal_(0.0, 0.1)
-    model.generation_config.eos_token_id = EOS
-    model.generation_config.pad_token_id = 0
-    return model.eval()
+    return randomized(model)
 
 
 # What llama.cpp's converter writes for each (convert_hf_to_gguf.py: rope scaling, rope theta swa).
